@@ -1,0 +1,65 @@
+"""The default target: a headless Service and an Indexed ``batch/v1`` Job (DESIGN.md, per-pod contract)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpk.render import pod
+from ddpk.render.policy import indexedjob_policy
+from ddpk.spec import JobSpec
+
+
+def hostname(spec: JobSpec, index: int) -> str:
+    """The Job controller names pod *i*'s hostname ``<job>-<i>`` when the pod has a subdomain."""
+    return f"{spec.name}-{index}"
+
+
+def master_addr(spec: JobSpec) -> str:
+    return f"{hostname(spec, 0)}.{spec.service_name}"
+
+
+def service(spec: JobSpec) -> dict[str, Any]:
+    """Headless, and publishing addresses before readiness: rank 0 must resolve while still starting."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": pod.metadata(spec, spec.service_name, component="rendezvous"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": pod.selector_labels(spec),
+            "ports": [{"name": pod.PORT_NAME, "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_template(spec: JobSpec) -> dict[str, Any]:
+    policy = indexedjob_policy(spec)
+    return {
+        "metadata": {"labels": pod.labels(spec)},
+        "spec": pod.pod_spec(spec, master_addr(spec), policy["pod"]["restartPolicy"], subdomain=spec.service_name),
+    }
+
+
+def job(spec: JobSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.replicas,
+        "parallelism": spec.replicas,
+        **indexedjob_policy(spec)["job"],
+    }
+    if spec.active_deadline_s is not None:
+        body["activeDeadlineSeconds"] = spec.active_deadline_s
+    if spec.ttl_after_finished_s is not None:
+        body["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
+    body["template"] = pod_template(spec)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": pod.metadata(spec), "spec": body}
+
+
+def render(spec: JobSpec) -> list[dict[str, Any]]:
+    """The Service first, so pod DNS names exist by the time the pods ask."""
+    return [service(spec), job(spec)]
+
+
+def hostnames(spec: JobSpec) -> list[str]:
+    return [hostname(spec, spec.replicas - 1)]
