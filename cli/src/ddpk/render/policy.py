@@ -27,7 +27,7 @@ def _pod_failure_policy(container: str) -> dict[str, Any]:
                 "onExitCodes": {"containerName": container, "operator": "In", "values": [USER_ERROR_EXIT_CODE]},
             },
             # Preemption, eviction and node drain are not the job's fault: they do not count.
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
 

@@ -25,7 +25,12 @@ MIB = 2**20
 
 
 def check(spec: JobSpec) -> None:
-    """What only Slurm needs: volumes are paths, not claim names."""
+    """What only Slurm needs: volumes are paths, not claim names, and there are no Kubernetes secrets."""
+    if spec.env_from_secrets:
+        raise BadInput(
+            "--env-from-secret",
+            "Slurm has no Kubernetes secrets; export the variables before sbatch (it passes the environment on)",
+        )
     for flag, value in (("--data-pvc", spec.data_pvc), ("--checkpoint-pvc", spec.checkpoint_pvc)):
         if value is not None and not value.startswith("/"):
             raise BadInput(flag, f"{value!r}: on Slurm, give an absolute path on the shared filesystem")
