@@ -34,6 +34,8 @@ def check(spec: JobSpec) -> None:
     for flag, value in (("--data-pvc", spec.data_pvc), ("--checkpoint-pvc", spec.checkpoint_pvc)):
         if value is not None and not value.startswith("/"):
             raise BadInput(flag, f"{value!r}: on Slurm, give an absolute path on the shared filesystem")
+        if value is not None and ("," in value or ":" in value):
+            raise BadInput(flag, f"{value!r}: a path with ',' or ':' cannot be a pyxis container mount")
 
 
 def _directives(spec: JobSpec) -> list[str]:
@@ -55,6 +57,14 @@ def _directives(spec: JobSpec) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
+def _export(name: str, value: str) -> list[str]:
+    line = f"export {name}={shlex.quote(value)}"
+    if "$" in value or "`" in value:
+        # The value is meant literally; single quotes keep it so.
+        return ["# shellcheck disable=SC2016", line]
+    return [line]
+
+
 def render(spec: JobSpec, container: bool = False) -> str:
     check(spec)
     policy = slurm_policy(spec)
@@ -68,7 +78,8 @@ def render(spec: JobSpec, container: bool = False) -> str:
         "set -euo pipefail",
         "",
         "# The first host of the allocation is the rendezvous master; SLURM_PROCID is the node rank.",
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "# sed reads every line: head would close the pipe early and pipefail would end the script.",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
         "export MASTER_ADDR",
         f"export MASTER_PORT={spec.port}",
     ]
@@ -81,7 +92,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
     mounts = []
     for name, value in env.items():
         if container:
-            out.append(f"export {name}={q(value)}")
+            out += _export(name, value)
         elif name == "DDPK_CHECKPOINT_DIR":
             out.append(f'export {name}="$checkpoint_host"')
         elif name == "DDPK_METRICS_FILE":
@@ -89,7 +100,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
         elif name == "DDPK_DATA_DIR":
             out.append(f"export {name}={q(spec.data_pvc or '')}")
         else:
-            out.append(f"export {name}={q(value)}")
+            out += _export(name, value)
 
     srun = ["srun", "--kill-on-bad-exit=1"]
     if container:
@@ -105,6 +116,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
         f"# Any failed task ends the step (--kill-on-bad-exit); the whole gang then reruns from",
         f"# the newest checkpoint, at most {policy['retries']} times. Exit {fatal} is a user error: never rerun.",
         f"retries={policy['retries']}",
+        f'fatal_exit_codes="{fatal}"',
         "attempt=0",
         "while true; do",
         "  status=0",
@@ -112,12 +124,12 @@ def render(spec: JobSpec, container: bool = False) -> str:
         '  if [ "$status" -eq 0 ]; then',
         "    exit 0",
         "  fi",
-        f'  for fatal in {fatal}; do',
-        '    if [ "$status" -eq "$fatal" ]; then',
+        '  case " $fatal_exit_codes " in',
+        '    *" $status "*)',
         '      echo "ddpk: exit $status is a user error; not restarting" >&2',
         '      exit "$status"',
-        "    fi",
-        "  done",
+        "      ;;",
+        "  esac",
         '  if [ "$attempt" -ge "$retries" ]; then',
         '    echo "ddpk: failed with exit $status after $attempt restarts" >&2',
         '    exit "$status"',
