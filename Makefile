@@ -12,6 +12,8 @@ IMAGE      ?= ddpk:latest
 CPU_BASE   ?= ddpk-base:cpu
 CPU_IMAGE  ?= ddpk:cpu
 KIND_CLUSTER ?= ddpk
+# The OCI revision label of both images.
+REVISION   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.ddpk-installed
@@ -40,11 +42,11 @@ base-cpu: ## The offline CPU stand-in base image ($(CPU_BASE)), built without a 
 	docker/build-cpu-base.sh $(CPU_BASE)
 
 image: ## The CUDA image from docker/Dockerfile on BASE_IMAGE, tagged IMAGE
-	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg REVISION=$(REVISION) -t $(IMAGE) .
 
 image-cpu: ## The same Dockerfile on the CPU stand-in base, tagged $(CPU_IMAGE)
 	docker image inspect $(CPU_BASE) >/dev/null 2>&1 || docker/build-cpu-base.sh $(CPU_BASE)
-	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(CPU_BASE) -t $(CPU_IMAGE) .
+	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg REVISION=$(REVISION) -t $(CPU_IMAGE) .
 
 manifests: venv ## Regenerate the committed examples in k8s/ from the renderer
 	$(BIN)/python -m ddpk.examples k8s
