@@ -1,0 +1,251 @@
+"""The detached process that owns one local job's replicas.
+
+``python -m ddpk.schedulers.local_supervisor RUN_DIR`` detaches (a second fork
+in a new session), then runs the gang described by ``RUN_DIR/plan.json``. It
+alone writes ``state.json`` (atomically) and the per-replica log files, so
+``status``, ``logs``, ``list`` and ``delete`` work after the submitting process
+has gone. Recovery mirrors the Indexed Job: when any replica exits non-zero,
+the whole gang is stopped and started again (each replica's restart count goes
+up by one) until ``max_restarts`` is spent; exit code 2 is a user error and
+fails the job at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ddpk.logs import now_timestamp
+
+EXIT_USER_ERROR = 2
+STOP_GRACE_S = 10.0
+POLL_S = 0.2
+MARKER = "DDPK_LOCAL_RUN"
+"""Env var set in every replica (and inherited by its ranks) naming its run; the sweep looks for it."""
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's -N for a signal becomes 128+N, as containers and pods report it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(code: int) -> str:
+    if code > 128:
+        try:
+            return f"exit code {code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def decide(exit_codes: list[int | None], restarts_done: int, max_restarts: int) -> tuple[str, str | None]:
+    """What the gang does next: ("wait"|"succeed"|"restart"|"fail", reason).
+
+    ``exit_codes`` holds None for replicas still running.
+    """
+    failed = [(i, c) for i, c in enumerate(exit_codes) if c not in (None, 0)]
+    if not failed:
+        return ("succeed", None) if all(c == 0 for c in exit_codes) else ("wait", None)
+    index, code = failed[0]
+    what = f"replica {index} failed with {describe_exit(code)}"
+    if code == EXIT_USER_ERROR:
+        return "fail", f"{what}: a user error, not retried"
+    if restarts_done >= max_restarts:
+        return "fail", f"{what} after {restarts_done} restart(s); max_restarts={max_restarts} spent"
+    return "restart", what
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (None: gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def alive(pid: int) -> bool:
+    state = proc_state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def marked_pids(run_id: str) -> list[int]:
+    """Every live process whose environment carries this run's marker."""
+    needle = f"{MARKER}={run_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_run(run_id: str, pgids: list[int], sig: int) -> None:
+    """Signal the replicas' process groups and every process carrying the marker."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in marked_pids(run_id):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.plan = json.loads((run_dir / "plan.json").read_text())
+        self.stop_requested = False
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[threading.Thread] = []
+        n = len(self.plan["replicas"])
+        self.state = {
+            "name": self.plan["name"],
+            "phase": "Pending",
+            "supervisor_pid": os.getpid(),
+            "start_time": now_timestamp(),
+            "completion_time": None,
+            "reason": None,
+            "restarts": 0,
+            "replicas": [
+                {"index": i, "state": "Pending", "pid": None, "restarts": 0, "exit_code": None} for i in range(n)
+            ],
+        }
+
+    def save(self) -> None:
+        write_json(self.run_dir / "state.json", self.state)
+
+    def _pump(self, index: int, stream) -> None:
+        with open(self.run_dir / "logs" / f"rank-{index}.log", "ab", buffering=0) as out:
+            for raw in iter(stream.readline, b""):
+                text = raw.rstrip(b"\n")
+                out.write(now_timestamp().encode() + b" " + text + b"\n")
+        stream.close()
+
+    def start_gang(self) -> None:
+        port = str(free_port())
+        self.procs, self.readers = [], []
+        for replica, rep_state in zip(self.plan["replicas"], self.state["replicas"]):
+            env = {**os.environ, **replica["env"], "MASTER_PORT": port, MARKER: self.plan["run_id"]}
+            proc = subprocess.Popen(
+                replica["argv"],
+                env=env,
+                cwd=self.plan["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            reader = threading.Thread(target=self._pump, args=(replica["index"], proc.stdout), daemon=True)
+            reader.start()
+            self.procs.append(proc)
+            self.readers.append(reader)
+            rep_state.update(state="Running", pid=proc.pid)
+        self.state["phase"] = "Running"
+        self.save()
+
+    def stop_gang(self) -> None:
+        """End every process of the current gang: TERM, a grace period, then KILL."""
+        pgids = [p.pid for p in self.procs]
+        kill_run(self.plan["run_id"], pgids, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and (
+            any(p.poll() is None for p in self.procs) or marked_pids(self.plan["run_id"])
+        ):
+            time.sleep(POLL_S)
+        kill_run(self.plan["run_id"], pgids, signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+        for r in self.readers:
+            r.join(timeout=5)
+
+    def finish(self, phase: str, reason: str | None) -> None:
+        for p, rep_state in zip(self.procs, self.state["replicas"]):
+            code = exit_code(p.returncode) if p.returncode is not None else None
+            rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code, pid=None)
+        self.state.update(phase=phase, reason=reason, completion_time=now_timestamp())
+        self.save()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        self.start_gang()
+        while True:
+            time.sleep(POLL_S)
+            if self.stop_requested:
+                self.stop_gang()
+                stop_file = self.run_dir / "stop"
+                reason = stop_file.read_text().strip() if stop_file.exists() else "stopped"
+                self.finish("Failed", reason)
+                return 1
+            codes = [None if p.poll() is None else exit_code(p.returncode) for p in self.procs]
+            for code, rep_state in zip(codes, self.state["replicas"]):
+                if code is not None and rep_state["exit_code"] != code:
+                    rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code)
+                    self.save()
+            action, reason = decide(codes, self.state["restarts"], self.plan["max_restarts"])
+            if action == "succeed":
+                for r in self.readers:
+                    r.join(timeout=5)
+                self.finish("Succeeded", None)
+                return 0
+            if action == "fail":
+                self.stop_gang()
+                self.finish("Failed", reason)
+                return 1
+            if action == "restart":
+                self.stop_gang()
+                self.state["restarts"] += 1
+                self.state["reason"] = f"restart {self.state['restarts']}/{self.plan['max_restarts']}: {reason}"
+                for rep_state in self.state["replicas"]:
+                    rep_state["restarts"] += 1
+                self.start_gang()
+
+    def _on_stop(self, signum, frame) -> None:
+        self.stop_requested = True
+
+
+def detach() -> None:
+    """Leave the submitting process: it reaps the first child at once, init inherits the second."""
+    if os.fork() > 0:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    run_dir = Path(argv[0])
+    detach()
+    supervisor = Supervisor(run_dir)
+    supervisor.save()
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
