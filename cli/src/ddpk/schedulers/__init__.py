@@ -1,0 +1,1 @@
+"""Schedulers: one module per backend behind one small interface (base.py)."""
