@@ -257,14 +257,22 @@ def test_pods_are_hardened_and_carry_the_contract_env(case, target):
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_labels_and_queue(case, target):
     spec = CASES[case]
-    for obj in render(spec, target):
-        for labels in [obj["metadata"]["labels"]] + [t["metadata"]["labels"] for t in pod_templates(obj)]:
+    objs = render(spec, target)
+    for obj in objs:
+        inner = [t["metadata"]["labels"] for t in pod_templates(obj)]
+        if obj["kind"] == "JobSet":
+            inner += [r["template"]["metadata"]["labels"] for r in obj["spec"]["replicatedJobs"]]
+        for labels in [obj["metadata"]["labels"], *inner]:
             assert labels["app.kubernetes.io/name"] == "ddpk"
             assert labels["app.kubernetes.io/instance"] == spec.name
             assert labels["app.kubernetes.io/part-of"] == "ddpk"
             assert labels["app.kubernetes.io/managed-by"] == "ddpk"
             assert "app.kubernetes.io/component" in labels
-            assert labels.get("kueue.x-k8s.io/queue-name") == spec.queue
+        # Kueue admits the workload as a whole: the queue label is on it and nowhere else.
+        assert all("kueue.x-k8s.io/queue-name" not in labels for labels in inner)
+    (workload,) = [obj for obj in objs if obj["kind"] != "Service"]
+    assert workload["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == spec.queue
+    assert all("kueue.x-k8s.io/queue-name" not in o["metadata"]["labels"] for o in objs if o["kind"] == "Service")
 
 
 # --- secrets -------------------------------------------------------------------------------

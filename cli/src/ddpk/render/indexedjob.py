@@ -53,7 +53,7 @@ def job(spec: JobSpec) -> dict[str, Any]:
     if spec.ttl_after_finished_s is not None:
         body["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
     body["template"] = pod_template(spec)
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": pod.metadata(spec), "spec": body}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": pod.metadata(spec, workload=True), "spec": body}
 
 
 def render(spec: JobSpec) -> list[dict[str, Any]]:

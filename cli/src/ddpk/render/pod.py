@@ -18,8 +18,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PORT_NAME = "rdzv"
 
 
-def labels(spec: JobSpec, component: str = "trainer") -> dict[str, str]:
-    """The app.kubernetes.io recommended labels, plus Kueue's queue label when a queue is given."""
+def labels(spec: JobSpec, component: str = "trainer", workload: bool = False) -> dict[str, str]:
+    """The app.kubernetes.io recommended labels; on the workload object, Kueue's queue label when a queue is given.
+
+    Kueue admits the top-level workload (Job, PyTorchJob, JobSet) as a whole; the label
+    stays off pods, child Jobs and the Service so nothing else is queued on its own.
+    """
     out = {
         "app.kubernetes.io/name": APP,
         "app.kubernetes.io/instance": spec.name,
@@ -27,7 +31,7 @@ def labels(spec: JobSpec, component: str = "trainer") -> dict[str, str]:
         "app.kubernetes.io/part-of": APP,
         "app.kubernetes.io/managed-by": APP,
     }
-    if spec.queue:
+    if workload and spec.queue:
         out["kueue.x-k8s.io/queue-name"] = spec.queue
     return out
 
@@ -46,8 +50,9 @@ def selector(spec: JobSpec) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(spec).items())
 
 
-def metadata(spec: JobSpec, name: str | None = None, component: str = "trainer") -> dict[str, Any]:
-    return {"name": name or spec.name, "namespace": spec.namespace, "labels": labels(spec, component)}
+def metadata(spec: JobSpec, name: str | None = None, component: str = "trainer",
+             workload: bool = False) -> dict[str, Any]:
+    return {"name": name or spec.name, "namespace": spec.namespace, "labels": labels(spec, component, workload)}
 
 
 def launch_command(spec: JobSpec) -> list[str]:

@@ -66,7 +66,7 @@ def render(spec: JobSpec) -> list[dict[str, Any]]:
         {
             "apiVersion": "kubeflow.org/v1",
             "kind": "PyTorchJob",
-            "metadata": pod.metadata(spec),
+            "metadata": pod.metadata(spec, workload=True),
             "spec": {
                 "nprocPerNode": nproc_per_node(spec),
                 "runPolicy": run_policy,
