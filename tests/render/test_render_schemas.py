@@ -1,4 +1,4 @@
-"""Every rendered object validates strictly: Kubernetes' own OpenAPI schemas for core kinds, the CRD schemas for operators' kinds.
+"""Every rendered object validates strictly: Kubernetes' OpenAPI schemas for core kinds, CRD schemas for the rest.
 
 Strict means unknown fields are rejected: kubernetes-validate's ``strict=True``
 uses its ``-strict`` schema set, where every object carries

@@ -40,7 +40,8 @@ GPU = JobSpec(
     checkpoint_pvc="ddpk-checkpoints",
     tolerations=["nvidia.com/gpu:NoSchedule"],
     queue="gpu-queue",
-    trainer_args=["--model", "resnet18", "--dataset", "synthetic", "--epochs", "10", "--amp", "bf16", "--channels-last"],
+    trainer_args=["--model", "resnet18", "--dataset", "synthetic", "--epochs", "10",
+                  "--amp", "bf16", "--channels-last"],
 )
 
 KUSTOMIZATION = HEADER + """\

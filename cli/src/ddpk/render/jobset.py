@@ -58,7 +58,8 @@ def render(spec: JobSpec) -> list[dict[str, Any]]:
     }
     if spec.ttl_after_finished_s is not None:
         body["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
-    return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": pod.metadata(spec, workload=True), "spec": body}]
+    metadata = pod.metadata(spec, workload=True)
+    return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": metadata, "spec": body}]
 
 
 def hostnames(spec: JobSpec) -> list[str]:

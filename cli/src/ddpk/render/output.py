@@ -18,7 +18,9 @@ def file_name(obj: dict[str, Any]) -> str:
     return f"{obj['metadata']['name']}-{obj['kind'].lower()}.yaml"
 
 
-def write_dir(objs: list[dict[str, Any]] | str, path: str | os.PathLike[str], script_name: str = "job.sbatch") -> list[Path]:
+def write_dir(
+    objs: list[dict[str, Any]] | str, path: str | os.PathLike[str], script_name: str = "job.sbatch"
+) -> list[Path]:
     """One file per object in ``path`` (created if missing); an sbatch script goes to ``script_name``.
 
     Each file is written whole to a temporary name and then renamed, so a failure never

@@ -119,7 +119,9 @@ def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
     return out
 
 
-def container(spec: JobSpec, master_addr: str | None, name: str = CONTAINER, port_name: str = PORT_NAME) -> dict[str, Any]:
+def container(
+    spec: JobSpec, master_addr: str | None, name: str = CONTAINER, port_name: str = PORT_NAME
+) -> dict[str, Any]:
     """The trainer container: command, env (secrets by reference only), resources, mounts, hardening."""
     out: dict[str, Any] = {
         "name": name,

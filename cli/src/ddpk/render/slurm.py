@@ -69,7 +69,6 @@ def render(spec: JobSpec, container: bool = False) -> str:
     check(spec)
     policy = slurm_policy(spec)
     env = pod.pod_env(spec, master_addr=None)
-    checkpoint_host = spec.checkpoint_pvc or None
     q = shlex.quote
 
     out = ["#!/bin/bash", *_directives(spec), ""]
@@ -83,13 +82,13 @@ def render(spec: JobSpec, container: bool = False) -> str:
         "export MASTER_ADDR",
         f"export MASTER_PORT={spec.port}",
     ]
-    if checkpoint_host is None:
+    if spec.checkpoint_pvc is None:
         out.append(f'checkpoint_host="${{SLURM_SUBMIT_DIR:-$PWD}}/{spec.name}-checkpoints"')
     else:
-        out.append(f"checkpoint_host={q(checkpoint_host)}")
+        out.append(f"checkpoint_host={q(spec.checkpoint_pvc)}")
     out.append('mkdir -p "$checkpoint_host"')
 
-    mounts = []
+    # In a container the pod's mount points hold the host paths; on the host, the paths are used as they are.
     for name, value in env.items():
         if container:
             out += _export(name, value)
@@ -104,7 +103,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
 
     srun = ["srun", "--kill-on-bad-exit=1"]
     if container:
-        mounts.append(f'"$checkpoint_host":{spec.checkpoint_mount}')
+        mounts = [f'"$checkpoint_host":{spec.checkpoint_mount}']
         if spec.data_pvc is not None:
             mounts.append(f"{q(spec.data_pvc)}:{spec.data_mount}:ro")
         srun += [f"--container-image={q(spec.image)}", f"--container-mounts={','.join(mounts)}"]
@@ -113,7 +112,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
     fatal = " ".join(str(code) for code in policy["fatal_exit_codes"])
     out += [
         "",
-        f"# Any failed task ends the step (--kill-on-bad-exit); the whole gang then reruns from",
+        "# Any failed task ends the step (--kill-on-bad-exit); the whole gang then reruns from",
         f"# the newest checkpoint, at most {policy['retries']} times. Exit {fatal} is a user error: never rerun.",
         f"retries={policy['retries']}",
         f'fatal_exit_codes="{fatal}"',
