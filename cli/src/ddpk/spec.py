@@ -73,7 +73,7 @@ class JobSpec:
     priority_class: str | None = None
     """Pod priorityClassName. (--priority-class)"""
     queue: str | None = None
-    """Kueue LocalQueue name; adds the ``kueue.x-k8s.io/queue-name`` label. (--queue)"""
+    """Kueue LocalQueue name; adds the ``kueue.x-k8s.io/queue-name`` label to the workload object. (--queue)"""
     service_account: str | None = None
     """Pod serviceAccountName; its token is still not mounted. (--service-account)"""
 
