@@ -57,7 +57,7 @@ def shard_indices(n: int, rank: int, world: int, seed: int, epoch: int, shuffle:
 
 def eval_indices(n: int, rank: int, world: int) -> torch.Tensor:
     """Each test sample on exactly one rank: no padding, so shards may differ by one."""
-    return torch.arange(rank, n, world)
+    return torch.arange(n)[rank::world]  # empty, not an error, when there are more ranks than samples
 
 
 @dataclass
