@@ -19,7 +19,12 @@ BUILTIN_MODELS = ("convnet", "resnet18", "resnet34", "resnet50")
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a UserError (one line, exit 2) instead of usage text."""
+    """argparse, but a bad flag is a UserError (one line, exit 2) instead of usage text,
+    and no abbreviations: a mistyped flag must not silently become another one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message)

@@ -26,6 +26,7 @@ import time
 from typing import Mapping, Sequence
 
 from . import env as envmod
+from .config import OneLineParser
 from .errors import EXIT_FAILED, EXIT_USER_ERROR, UserError
 
 GRACE_S = 10.0  # time ranks get to exit after SIGTERM before SIGKILL
@@ -34,7 +35,7 @@ MAX_BACKOFF_S = 5.0
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ddpk-launch",
         description="Start the local DDP ranks of one node; trainer arguments follow '--'.",
     )
