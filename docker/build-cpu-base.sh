@@ -72,11 +72,23 @@ slim_rootfs() {
     "$dir"/var/log/apt/* "$dir"/root/.cache
 }
 
+# debootstrap mounts proc and sys (inside a container, the host's /dev too) in
+# the target; an interrupted run leaves them mounted. Unmount them and never
+# let rm cross into a mount, so a cleanup cannot reach the host's /dev.
+remove_tree() {
+  local dir=$1 mnt
+  [ -e "$dir" ] || return 0
+  while read -r mnt; do
+    umount -l "$mnt" 2>/dev/null || true
+  done < <(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
+  rm -rf --one-file-system "$dir"
+}
+
 build_rootfs_tarball() {
   local tarball=$1 mirror work
   mirror=$(debian_mirror)
   work="$cache/rootfs.tmp"
-  rm -rf "$work"
+  remove_tree "$work"
   mkdir -p "$work"
   log "debootstrap --variant=minbase $suite from $mirror (a few minutes, once)"
   debootstrap --variant=minbase --include="$packages" "$suite" "$work" "$mirror" >"$cache/debootstrap.log" 2>&1 || {
@@ -95,7 +107,7 @@ EOF
   slim_rootfs "$work"
   tar --numeric-owner -C "$work" -cf "$tarball.tmp" .
   mv "$tarball.tmp" "$tarball"
-  rm -rf "$work"
+  remove_tree "$work"
 }
 
 build_wheelhouse() {
@@ -131,7 +143,8 @@ flock 9
 cleanup() {
   docker rm -f "$container" >/dev/null 2>&1 || true
   docker rmi "$stage_tag" >/dev/null 2>&1 || true
-  rm -rf "$cache/rootfs.tmp" "$wheels.tmp" "$tarball.tmp"
+  remove_tree "$cache/rootfs.tmp"
+  rm -rf "$wheels.tmp" "$tarball.tmp"
 }
 trap cleanup EXIT
 cleanup
