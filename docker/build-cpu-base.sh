@@ -8,7 +8,7 @@
 #   docker/build-cpu-base.sh [IMAGE_TAG]          (default ddpk-base:cpu)
 #
 # The rootfs tarball and the wheelhouse are cached under .cache/cpu-base in the
-# clone, so a rebuild here takes seconds; delete that folder to start afresh.
+# clone, so a rebuild here takes under a minute; delete that folder to start afresh.
 # Environment: DDPK_DEBIAN_MIRROR (default: apt's configured Debian mirror),
 # DDPK_TORCH_SPEC (default torch==2.13.0+cpu), DDPK_TORCH_INDEX (an extra index
 # holding the +cpu wheel, e.g. the PyTorch CPU index, where no local copy exists),
@@ -120,7 +120,7 @@ build_wheelhouse() {
   log "pip download $torch_spec ${tool_specs[*]} ${extra_specs[*]} for cp${py_version/./} into $wheels"
   rm -rf "$wheels.tmp"
   mkdir -p "$wheels.tmp"
-  "$py" -m pip download -qq --dest "$wheels.tmp" --only-binary=:all: \
+  "$py" -m pip download -qq --no-cache-dir --dest "$wheels.tmp" --only-binary=:all: \
     --python-version "$py_version" --implementation cp --abi "cp${py_version/./}" \
     --platform manylinux_2_28_x86_64 "${index_args[@]}" \
     "$torch_spec" "${tool_specs[@]}" "${extra_specs[@]}"
@@ -132,8 +132,9 @@ build_wheelhouse() {
 key=$(printf '%s\n' "$suite" "$packages" "$torch_spec" "${tool_specs[@]}" "${extra_specs[@]}" | sha256sum | cut -c1-12)
 tarball="$cache/$suite-minbase-$(printf '%s' "$packages" | sha256sum | cut -c1-12).tar"
 wheels="$cache/wheels-$key"
-stage_tag="ddpk-base-rootfs:$key"
-container="ddpk-base-build-$key"
+# Per process: builds in other clones use the same engine.
+stage_tag="ddpk-base-rootfs:$key-$$"
+container="ddpk-base-build-$key-$$"
 
 mkdir -p "$cache"
 # Two builds in one clone would share the cache: take turns.
