@@ -94,17 +94,17 @@ def synthetic(train_size: int = 10000, test_size: int = 2000) -> tuple[DeviceIma
     protos = F.interpolate(torch.randn(10, 3, 4, 4, generator=g), size=(40, 40), mode="bicubic", align_corners=False)
     protos = protos / protos.flatten(1).std(dim=1).view(10, 1, 1, 1)
 
+    windows = protos.unfold(2, 32, 1).unfold(3, 32, 1)  # [10, 3, 9, 9, 32, 32]: every 32x32 shift
+
     def draw(n: int) -> DeviceImages:
         labels = torch.randint(0, 10, (n,), generator=g)
         dy, dx = torch.randint(0, 9, (n,), generator=g), torch.randint(0, 9, (n,), generator=g)
-        rows = (dy[:, None] + torch.arange(32))[:, None, :, None]
-        cols = (dx[:, None] + torch.arange(32))[:, None, None, :]
-        chans = torch.arange(3)[None, :, None, None]
-        imgs = protos[labels[:, None, None, None], chans, rows, cols]
+        imgs = windows[labels, :, dy, dx]
         contrast = 0.6 + 0.8 * torch.rand(n, 1, 1, 1, generator=g)
         brightness = 0.5 * torch.randn(n, 1, 1, 1, generator=g)
-        imgs = imgs * contrast + brightness + NOISE * torch.randn(imgs.shape, generator=g)
-        return DeviceImages((128 + 40 * imgs).round().clamp(0, 255).to(torch.uint8), labels)
+        noise = torch.randn(imgs.shape, generator=g)
+        imgs.mul_(contrast).add_(brightness).add_(noise, alpha=NOISE).mul_(40).add_(128)
+        return DeviceImages(imgs.round_().clamp_(0, 255).to(torch.uint8), labels)
 
     return draw(train_size), draw(test_size)
 

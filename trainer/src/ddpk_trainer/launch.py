@@ -31,7 +31,7 @@ from .errors import EXIT_FAILED, EXIT_USER_ERROR, UserError
 
 GRACE_S = 10.0  # time ranks get to exit after SIGTERM before SIGKILL
 POLL_S = 0.05
-MAX_BACKOFF_S = 5.0
+MAX_BACKOFF_S = 2.0
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
