@@ -189,6 +189,11 @@ def _dropped() -> tuple[type[BaseException], ...]:
     return (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 
+def check_kubeconfig(path: str | None) -> None:
+    if path and not os.path.isfile(os.path.expanduser(path)):
+        raise BadInput("--kubeconfig", f"{path}: no such file")
+
+
 class Api:
     """The official client's configuration and transport, with JSON in and out and errors mapped."""
 
@@ -199,8 +204,7 @@ class Api:
         cfg = client.Configuration()
         path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
-        if kubeconfig and not os.path.isfile(os.path.expanduser(kubeconfig)):
-            raise BadInput("--kubeconfig", f"{kubeconfig}: no such file")
+        check_kubeconfig(kubeconfig)
         try:
             if any(os.path.isfile(f) for f in files):
                 config.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
@@ -265,6 +269,7 @@ class KubernetesScheduler(Scheduler):
     def dryrun(self, spec: JobSpec) -> Plan:
         from ddpk.render import render, to_yaml
 
+        check_kubeconfig(self.options.kubeconfig)
         objects = render(spec, "indexedjob")
         # Every object is checked (a known kind, in this namespace) before the first call.
         for obj in objects:
