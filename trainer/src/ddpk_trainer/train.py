@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import checkpoint, config, data, distributed, models
+from . import checkpoint, config, data, distributed, models, sync_bn
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, UserError
 
 LOG_EVERY_S = 5.0
@@ -104,7 +104,7 @@ def run(argv: Sequence[str], environ) -> int:
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
     if args.sync_bn and place.distributed:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = sync_bn.convert(model, place.device.type)
     if args.strategy == "dp":
         wrapped: nn.Module = nn.DataParallel(model)
     elif place.distributed:
