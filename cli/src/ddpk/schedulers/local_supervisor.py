@@ -191,7 +191,8 @@ class Supervisor:
         for p, rep_state in zip(self.procs, self.state["replicas"]):
             code = exit_code(p.returncode) if p.returncode is not None else None
             rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code, pid=None)
-        self.state.update(phase=phase, reason=reason, completion_time=now_timestamp())
+        # A job that recovered and succeeded keeps the reason of its last restart.
+        self.state.update(phase=phase, reason=reason or self.state["reason"], completion_time=now_timestamp())
         self.save()
 
     def run(self) -> int:
