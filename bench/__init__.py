@@ -1,0 +1,1 @@
+"""Benchmarks of ddpk against the obvious alternatives, measured side by side (`make bench`)."""
