@@ -218,8 +218,9 @@ class DockerScheduler(Scheduler):
             try:
                 self.client.images.pull(image)
             except errors.DockerException as exc:
-                raise BadInput("--image", f"{image} is not in the Docker engine and cannot be pulled: "
-                                          f"{str(exc).splitlines()[0][:160]} (build it, e.g. make image-cpu)") from None
+                reason = getattr(exc, "explanation", None) or str(exc)
+                raise BadInput("--image", f"{image} is not in the Docker engine and pulling it failed "
+                                          f"(build it, e.g. make image-cpu): {reason.splitlines()[0][:120]}") from None
 
     def schedule(self, plan: Plan, replace: bool = False) -> str:
         name = plan.spec.name
