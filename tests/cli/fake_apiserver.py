@@ -321,7 +321,7 @@ class FakeApiServer:
         content_type = h.headers.get("Content-Type", "")
         if content_type.split(";")[0].strip() != "application/apply-patch+yaml":
             return self._send_json(h, 415, status_object(415, "UnsupportedMediaType",
-                                                         f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"))
+                                                         "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"))
         if not query.get("fieldManager"):
             return self._send_json(h, 422, status_object(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'))
         try:
