@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -61,16 +62,22 @@ def tool(name: str) -> str:
 
 
 def timed_run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
-              timeout: float = 120) -> float:
-    """Wall seconds of one command, output discarded; a failure is an error, not a time."""
+              timeout: float = 120) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one command, output discarded.
+
+    CPU time is reported beside wall time because it barely moves when other work shares
+    the machine, while wall time does. A failure is an error, not a time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, timeout=timeout, check=False)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {' | '.join(tail)}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
 def _cpu_model() -> str:

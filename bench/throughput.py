@@ -21,7 +21,7 @@ def run(ws: Workspace, quick: bool) -> Section:
     p = plans(quick)
     # With two ranks on two cores every worker competes with a rank for a core, so the best
     # setting is not obvious: the sweep measures it and the baseline gets the fastest.
-    candidates = (0, 1) if quick else (0, 1, 2, 3)
+    candidates = (0, 1) if quick else (0, 1, 2)
     workers, tried = best_workers(ws, p["convnet"], candidates)
     sec.notes.append(
         "baseline DataLoader: num_workers per rank tried on convnet → samples/s: "

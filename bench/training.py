@@ -89,7 +89,10 @@ def _read_metrics(path: Path, cmd: list[str], proc: subprocess.CompletedProcess)
 
 def run_trainer(ws: Workspace, plan: Plan, ranks: int, threads: int = 1,
                 extra: tuple[str, ...] = (), epochs: int | None = None) -> list[dict]:
-    """ddpk-launch with `ranks` local ranks, as a pod would start it; its epoch metrics."""
+    """ddpk-launch with `ranks` local ranks, as a pod would start it; its epoch metrics.
+
+    No checkpoint folder: epoch-end checkpoints fall outside the timed loop anyway, and
+    leaving them out keeps disk writes from disturbing the next epoch."""
     key = ("trainer", plan, ranks, threads, extra, epochs)
     if key in ws.cache:
         return ws.cache[key]
@@ -98,8 +101,7 @@ def run_trainer(ws: Workspace, plan: Plan, ranks: int, threads: int = 1,
     cmd = [tool("ddpk-launch"), "--nproc-per-node", str(ranks), "--num-threads", str(threads), "--",
            "--model", plan.model, "--dataset", "cifar10", "--data-dir", str(plan_data(ws, plan)),
            "--batch-size", str(plan.batch), "--epochs", str(epochs or plan.epochs),
-           "--num-threads", str(threads), "--metrics-file", str(metrics),
-           "--checkpoint-dir", str(out / "ckpt"), "--resume", "none", *extra]
+           "--num-threads", str(threads), "--metrics-file", str(metrics), "--resume", "none", *extra]
     proc = subprocess.run(cmd, env=child_env(), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=900, check=False)
     ws.cache[key] = _read_metrics(metrics, cmd, proc)
