@@ -173,7 +173,7 @@ def run(argv: Sequence[str], environ) -> int:
         f"batch={args.batch_size}x{world}x{args.grad_accum} steps_per_epoch={steps_per_epoch} total_steps={total_steps}")
 
     start = time.time()
-    run_samples, run_t0, run_step0 = 0, time.time(), global_step
+    run_samples, run_t0, run_step0, train_s = 0, time.time(), global_step, 0.0
     last_log, log_samples = time.time(), 0
     eval_loss = eval_acc = None
     done = global_step >= total_steps
@@ -218,6 +218,7 @@ def run(argv: Sequence[str], environ) -> int:
                 save(epoch, step_in_epoch)
         run_samples += epoch_samples
         epoch_time = time.time() - epoch_t0
+        train_s += epoch_time
         finished = micro_left == 0
         distributed.all_reduce_sum(place, sums)
         train_loss = (sums[0] / sums[1].clamp(min=1)).item()
@@ -240,7 +241,7 @@ def run(argv: Sequence[str], environ) -> int:
     if eval_acc is None:
         eval_loss, eval_acc = evaluate(model, batches, place, autocast)
     elapsed = time.time() - start
-    rate = run_samples * world / max(time.time() - run_t0, 1e-9)
+    rate = run_samples * world / max(train_s, 1e-9)  # training only: evaluation is not throughput
     log(f"done steps={global_step} world_size={world} elapsed_s={elapsed:.1f} samples_per_sec={rate:.0f} "
         f"eval_loss={eval_loss:.4f} eval_acc={eval_acc:.4f}")
     distributed.shutdown(place)
