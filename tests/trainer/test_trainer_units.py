@@ -169,10 +169,17 @@ def test_rank_env_follows_torchrun_semantics():
     assert "OMP_NUM_THREADS" not in launch.rank_env({}, topo, 0, threads=None)
 
 
-@pytest.mark.parametrize("cores, ranks, gpus, requested, expected", [
-    (16, 4, 0, None, 4), (2, 4, 0, None, 1), (7, 2, 0, None, 3), (16, 2, 2, None, None), (16, 2, 0, 3, 3)])
-def test_threads_per_rank(cores, ranks, gpus, requested, expected):
-    assert launch.threads_per_rank(cores, ranks, gpus, requested) == expected
+@pytest.mark.parametrize("cores, ranks, gpus, requested, preset, expected", [
+    (16, 4, 0, None, None, 4), (2, 4, 0, None, None, 1), (7, 2, 0, None, None, 3), (16, 2, 2, None, None, None),
+    (16, 2, 0, 3, None, 3), (16, 2, 0, None, "1", None), (16, 2, 0, 5, "1", 5)])
+def test_threads_per_rank(cores, ranks, gpus, requested, preset, expected):
+    assert launch.threads_per_rank(cores, ranks, gpus, requested, preset) == expected
+
+
+@pytest.mark.parametrize("cpu_max, cores", [("max 100000", None), ("200000 100000", 2), ("150000 100000", 1),
+                                             ("50000 100000", 1), ("garbage", None)])
+def test_cgroup_cpu_limit_caps_the_cores(cpu_max, cores):
+    assert launch.quota_cores(cpu_max) == cores
 
 
 @pytest.mark.parametrize("visible, expected", [("", 0), ("-1", 0), ("0", 1), ("0,1,3", 3), ("GPU-abc,GPU-def", 2)])

@@ -74,18 +74,38 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
         return 0
 
 
-def cpu_count() -> int:
+def quota_cores(cpu_max: str) -> int | None:
+    """Whole cores granted by a cgroup v2 `cpu.max` line ("200000 100000"), None when unlimited."""
+    parts = cpu_max.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
     try:
-        return len(os.sched_getaffinity(0))
+        return max(1, int(int(parts[0]) / int(parts[1])))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def cpu_count() -> int:
+    """Cores this container may use: its affinity mask, capped by its CPU limit (a pod's or --cpus)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota = quota_cores(f.read())
+    except OSError:
+        quota = None
+    return min(cores, quota) if quota else cores
 
 
-def threads_per_rank(cores: int, local_ranks: int, gpus: int, requested: int | None) -> int | None:
-    """OMP threads for each rank: the flag, else an even split of the cores on CPU, else leave alone."""
+def threads_per_rank(cores: int, local_ranks: int, gpus: int, requested: int | None, preset: str | None = None) -> int | None:
+    """OMP threads for each rank: the flag; else an OMP_NUM_THREADS already in the environment (the
+    operator's choice, e.g. several emulated nodes sharing one machine); else on CPU an even split of
+    the cores. None leaves the environment as it is."""
     if requested is not None:
         return requested
-    if gpus > 0:
+    if preset or gpus > 0:
         return None
     return max(1, cores // local_ranks)
 
@@ -234,7 +254,7 @@ def launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         wait_for_master(topo.master_addr, topo.master_port, args.rdzv_timeout, need_port=topo.node_rank != 0)
 
     nproc = topo.nproc_per_node or 1
-    threads = threads_per_rank(cpu_count(), nproc, gpus, args.num_threads)
+    threads = threads_per_rank(cpu_count(), nproc, gpus, args.num_threads, environ.get("OMP_NUM_THREADS"))
     command = [sys.executable, "-m", "ddpk_trainer", *args.trainer_args]
     if args.num_threads is not None:
         command += ["--num-threads", str(args.num_threads)]
