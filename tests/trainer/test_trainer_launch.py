@@ -5,6 +5,7 @@ environment would set; together they train a few steps of the demo with gloo.
 Also here: the launcher's bounded waits, and the gang behaviour when a rank fails.
 """
 
+import json
 import os
 import re
 import signal
@@ -83,8 +84,6 @@ def test_single_node_starts_two_local_ranks(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ddpk-launch: environment=single node_rank=0 nnodes=1 nproc_per_node=2 world_size=2" in result.stdout
     assert len(SUMMARY.findall(result.stdout)) == 1
-    import json
-
     (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert record["world_size"] == 2 and record["step"] == 3 and 0 <= record["eval_acc"] <= 1
     assert {"epoch", "train_loss", "eval_loss", "samples_per_sec", "elapsed_s"} <= record.keys()

@@ -94,7 +94,8 @@ def load(path: str) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a damaged zip/pickle
-        raise CheckpointError(f"{path}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        first_line = (str(err).splitlines() or [""])[0]
+        raise CheckpointError(f"{path}: cannot be read ({type(err).__name__}: {first_line})") from None
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise CheckpointError(f"{path}: not a ddpk checkpoint")
     if state["format"] != FORMAT:

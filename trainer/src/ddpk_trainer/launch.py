@@ -45,7 +45,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Name
         help="ranks on this node: 'auto' = one per visible GPU, or 1 without GPUs (default: $DDPK_NPROC_PER_NODE or auto)",
     )
     parser.add_argument("--rdzv-timeout", type=float, default=600.0, help="seconds to wait for the master (default 600)")
-    parser.add_argument("--num-threads", type=int, default=None, help="intra-op threads per rank (CPU default: cores / local ranks)")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="intra-op threads per rank (CPU default: $OMP_NUM_THREADS, else cores / local ranks)")
     argv = list(argv)
     if "--" in argv:
         split = argv.index("--")
@@ -165,7 +166,7 @@ def wait_for_master(host: str, port: int, timeout: float, need_port: bool) -> No
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                what = f"did not resolve" if stage == "resolve" else f"accepted no connection on port {port}"
+                what = "did not resolve" if stage == "resolve" else f"accepted no connection on port {port}"
                 raise TimeoutError(f"ddpk-launch: master host {host!r} {what} within {timeout:g}s (--rdzv-timeout)")
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, MAX_BACKOFF_S)
@@ -195,7 +196,7 @@ class Gang:
     def __init__(self, commands: list[list[str]], envs: list[dict[str, str]]):
         self.procs = [
             subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-            for cmd, env in zip(commands, envs)
+            for cmd, env in zip(commands, envs, strict=True)
         ]
 
     def signal_all(self, sig: int) -> None:

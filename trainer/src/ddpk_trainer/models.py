@@ -66,7 +66,7 @@ class CifarResNet(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(*_conv_bn(3, 64))
         stages, cin = [], 64
-        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), layers)):
+        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), layers, strict=True)):
             for j in range(blocks):
                 stages.append(block(cin, planes, 2 if (i > 0 and j == 0) else 1))
                 cin = planes * block.expansion

@@ -158,7 +158,7 @@ def run(argv: Sequence[str], environ) -> int:
             "format": checkpoint.FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "global_step": global_step, "rng": rngs, "position": position,
-            "args": {k: v for k, v in vars(args).items()},
+            "args": dict(vars(args)),
         }
         checkpoint.save(state, args.checkpoint_dir, global_step, args.keep_checkpoints)
 
@@ -236,7 +236,10 @@ def run(argv: Sequence[str], environ) -> int:
         })
         log(f"epoch {epoch + 1}/{args.epochs} step {global_step} train_loss {train_loss:.4f}"
             + (f" eval_loss {eval_loss:.4f} eval_acc {eval_acc:.4f}" if eval_acc is not None else ""))
-        save(epoch + 1, 0) if finished else save(epoch, step_in_epoch)
+        if finished:
+            save(epoch + 1, 0)
+        else:
+            save(epoch, step_in_epoch)
 
     if eval_acc is None:
         eval_loss, eval_acc = evaluate(model, batches, place, autocast)
