@@ -9,6 +9,7 @@ from ddpk.errors import BadInput
 from ddpk.logs import LogLine, Resume, follow_resumable, format_line, format_timestamp, iter_lines, parse_duration, parse_timestamp
 from ddpk.schedulers import docker as dock
 from ddpk.schedulers import kubernetes as kube
+from ddpk.schedulers.container import trainer_container
 from ddpk.schedulers.local import local_replicas
 from ddpk.schedulers.local_supervisor import decide, exit_code
 from ddpk.spec import JobSpec
@@ -143,6 +144,16 @@ def test_local_replicas_run_the_rendered_command_on_host_paths():
     assert reps[1]["env"]["MASTER_ADDR"] == "127.0.0.1"
     assert reps[1]["env"]["DDPK_METRICS_FILE"] == "/run/loc/ck/metrics.jsonl"
     assert "MASTER_PORT" not in reps[1]["env"]
+
+
+def test_replicas_on_this_machine_split_its_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    _, env = trainer_container(JobSpec(name="cores", replicas=2), "--scheduler local")
+    assert env["OMP_NUM_THREADS"] == "4"
+    _, env = trainer_container(JobSpec(name="cores", replicas=16), "--scheduler local")
+    assert env["OMP_NUM_THREADS"] == "1"
+    _, env = trainer_container(JobSpec(name="cores", replicas=2, env={"OMP_NUM_THREADS": "3"}), "--scheduler docker")
+    assert env["OMP_NUM_THREADS"] == "3"
 
 
 # --- docker plan -------------------------------------------------------------------
