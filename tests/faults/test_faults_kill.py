@@ -25,12 +25,12 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
-import shutil
-import sys
 import uuid
 from pathlib import Path
 
@@ -162,12 +162,12 @@ def kill_local(home: Path, name: str, index: int) -> None:
             pass
 
 
-def kill_docker(name: str, index: int) -> None:
+def kill_docker(home: Path, name: str, index: int) -> None:
     subprocess.run(["docker", "kill", "--signal", "KILL", f"{name}-{index}"], check=True,
                    capture_output=True, timeout=60)
 
 
-def crash_docker(name: str, index: int) -> None:
+def crash_docker(home: Path, name: str, index: int) -> None:
     pid = subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", f"{name}-{index}"], check=True,
                          capture_output=True, text=True, timeout=60).stdout.strip()
     assert pid.isdigit() and int(pid) > 0, f"{name}-{index} is not running (pid {pid!r})"
@@ -201,10 +201,7 @@ def run_job(scheduler: str, image: str | None, home: Path, folder: Path, victim:
                 time.sleep(0.2)
             time.sleep(KILL_AFTER_CHECKPOINT_S)
             killed_at = time.time()
-            if how == "process-group":
-                kill_local(home, name, victim)
-            else:
-                KILLS[how](name, victim)
+            KILLS[how](home, name, victim)
         waited = cli("wait", name, "-s", scheduler, "--timeout", f"{JOB_TIMEOUT_S}s", home=home,
                      timeout=JOB_TIMEOUT_S + 60)
         wall = time.time() - started
