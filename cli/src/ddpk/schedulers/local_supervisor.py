@@ -7,7 +7,8 @@ alone writes ``state.json`` (atomically) and the per-replica log files, so
 has gone. Recovery mirrors the Indexed Job: when any replica exits non-zero,
 the whole gang is stopped and started again (each replica's restart count goes
 up by one) until ``max_restarts`` is spent; exit code 2 is a user error and
-fails the job at once.
+fails the job at once. That loop (``Gang``, ``decide``) is shared with the
+docker supervisor, which runs containers instead of process groups.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from ddpk.logs import now_timestamp
@@ -119,16 +121,20 @@ def kill_run(run_id: str, pgids: list[int], sig: int) -> None:
             pass
 
 
-class Supervisor:
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.plan = json.loads((run_dir / "plan.json").read_text())
+class Gang(ABC):
+    """The gang loop every supervisor runs; subclasses start, stop and poll their replicas.
+
+    It alone writes ``state.json`` in ``state_dir``. Recovery mirrors the Indexed
+    Job (see ``decide``): any replica that exits non-zero stops the gang and
+    starts all of it again, each replica's restart count going up by one.
+    """
+
+    def __init__(self, state_dir: Path, name: str, replicas: int, max_restarts: int):
+        self.state_dir = state_dir
+        self.max_restarts = max_restarts
         self.stop_requested = False
-        self.procs: list[subprocess.Popen] = []
-        self.readers: list[threading.Thread] = []
-        n = len(self.plan["replicas"])
         self.state = {
-            "name": self.plan["name"],
+            "name": name,
             "phase": "Pending",
             "supervisor_pid": os.getpid(),
             "start_time": now_timestamp(),
@@ -136,15 +142,95 @@ class Supervisor:
             "reason": None,
             "restarts": 0,
             "replicas": [
-                {"index": i, "state": "Pending", "pid": None, "restarts": 0, "exit_code": None} for i in range(n)
+                {"index": i, "state": "Pending", "pid": None, "restarts": 0, "exit_code": None}
+                for i in range(replicas)
             ],
         }
 
+    @abstractmethod
+    def start_gang(self) -> None:
+        """Start every replica (again)."""
+
+    @abstractmethod
+    def stop_gang(self) -> None:
+        """End every replica still running: TERM, a grace period, then KILL."""
+
+    @abstractmethod
+    def exit_codes(self) -> list[int | None]:
+        """Each replica's exit code as a pod reports it (128+N for a signal); None while it runs."""
+
     def save(self) -> None:
-        write_json(self.run_dir / "state.json", self.state)
+        write_json(self.state_dir / "state.json", self.state)
+
+    def started(self) -> None:
+        for rep_state in self.state["replicas"]:
+            rep_state["state"] = "Running"
+        self.state["phase"] = "Running"
+        self.save()
+
+    def drain(self) -> None:
+        """Wait for what the finished replicas still have to hand over (their output)."""
+
+    def finish(self, phase: str, reason: str | None) -> None:
+        for code, rep_state in zip(self.exit_codes(), self.state["replicas"]):
+            rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code, pid=None)
+        # A job that recovered and succeeded keeps the reason of its last restart.
+        self.state.update(phase=phase, reason=reason or self.state["reason"], completion_time=now_timestamp())
+        self.save()
+
+    def run(self, start: bool = True) -> int:
+        """Supervise the gang to its end; ``start=False`` when it was started before."""
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        if start:
+            self.start_gang()
+        self.started()
+        while True:
+            time.sleep(POLL_S)
+            if self.stop_requested:
+                self.stop_gang()
+                stop_file = self.state_dir / "stop"
+                reason = stop_file.read_text().strip() if stop_file.exists() else "stopped"
+                self.finish("Failed", reason)
+                return 1
+            codes = self.exit_codes()
+            for code, rep_state in zip(codes, self.state["replicas"]):
+                if code is not None and rep_state["exit_code"] != code:
+                    rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code)
+                    self.save()
+            action, reason = decide(codes, self.state["restarts"], self.max_restarts)
+            if action == "succeed":
+                self.drain()
+                self.finish("Succeeded", None)
+                return 0
+            if action == "fail":
+                self.stop_gang()
+                self.finish("Failed", reason)
+                return 1
+            if action == "restart":
+                self.stop_gang()
+                self.state["restarts"] += 1
+                self.state["reason"] = f"restart {self.state['restarts']}/{self.max_restarts}: {reason}"
+                for rep_state in self.state["replicas"]:
+                    rep_state["restarts"] += 1
+                self.start_gang()
+                self.started()
+
+    def _on_stop(self, signum, frame) -> None:
+        self.stop_requested = True
+
+
+class Supervisor(Gang):
+    """One process group per replica, its output timestamped into ``logs/rank-<i>.log``."""
+
+    def __init__(self, run_dir: Path):
+        self.plan = json.loads((run_dir / "plan.json").read_text())
+        super().__init__(run_dir, self.plan["name"], len(self.plan["replicas"]), self.plan["max_restarts"])
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[threading.Thread] = []
 
     def _pump(self, index: int, stream) -> None:
-        with open(self.run_dir / "logs" / f"rank-{index}.log", "ab", buffering=0) as out:
+        with open(self.state_dir / "logs" / f"rank-{index}.log", "ab", buffering=0) as out:
             for raw in iter(stream.readline, b""):
                 text = raw.rstrip(b"\n")
                 out.write(now_timestamp().encode() + b" " + text + b"\n")
@@ -168,12 +254,9 @@ class Supervisor:
             reader.start()
             self.procs.append(proc)
             self.readers.append(reader)
-            rep_state.update(state="Running", pid=proc.pid)
-        self.state["phase"] = "Running"
-        self.save()
+            rep_state["pid"] = proc.pid
 
     def stop_gang(self) -> None:
-        """End every process of the current gang: TERM, a grace period, then KILL."""
         pgids = [p.pid for p in self.procs]
         kill_run(self.plan["run_id"], pgids, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -184,54 +267,14 @@ class Supervisor:
         kill_run(self.plan["run_id"], pgids, signal.SIGKILL)
         for p in self.procs:
             p.wait()
+        self.drain()
+
+    def exit_codes(self) -> list[int | None]:
+        return [None if p.poll() is None else exit_code(p.returncode) for p in self.procs]
+
+    def drain(self) -> None:
         for r in self.readers:
             r.join(timeout=5)
-
-    def finish(self, phase: str, reason: str | None) -> None:
-        for p, rep_state in zip(self.procs, self.state["replicas"]):
-            code = exit_code(p.returncode) if p.returncode is not None else None
-            rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code, pid=None)
-        # A job that recovered and succeeded keeps the reason of its last restart.
-        self.state.update(phase=phase, reason=reason or self.state["reason"], completion_time=now_timestamp())
-        self.save()
-
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        self.start_gang()
-        while True:
-            time.sleep(POLL_S)
-            if self.stop_requested:
-                self.stop_gang()
-                stop_file = self.run_dir / "stop"
-                reason = stop_file.read_text().strip() if stop_file.exists() else "stopped"
-                self.finish("Failed", reason)
-                return 1
-            codes = [None if p.poll() is None else exit_code(p.returncode) for p in self.procs]
-            for code, rep_state in zip(codes, self.state["replicas"]):
-                if code is not None and rep_state["exit_code"] != code:
-                    rep_state.update(state="Succeeded" if code == 0 else "Failed", exit_code=code)
-                    self.save()
-            action, reason = decide(codes, self.state["restarts"], self.plan["max_restarts"])
-            if action == "succeed":
-                for r in self.readers:
-                    r.join(timeout=5)
-                self.finish("Succeeded", None)
-                return 0
-            if action == "fail":
-                self.stop_gang()
-                self.finish("Failed", reason)
-                return 1
-            if action == "restart":
-                self.stop_gang()
-                self.state["restarts"] += 1
-                self.state["reason"] = f"restart {self.state['restarts']}/{self.plan['max_restarts']}: {reason}"
-                for rep_state in self.state["replicas"]:
-                    rep_state["restarts"] += 1
-                self.start_gang()
-
-    def _on_stop(self, signum, frame) -> None:
-        self.stop_requested = True
 
 
 def detach() -> None:
