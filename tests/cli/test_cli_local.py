@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -132,3 +133,28 @@ def test_a_name_clash_names_the_existing_job(ddpk_home):
     replaced = run_ddpk("submit", "--name", "same", "--replace", "-f", "--", "--epochs", "0")
     assert replaced.code == 1 and "user error" in replaced.err
     assert run_ddpk("delete", "same").code == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_busy_port_from_the_config_file_is_refused_before_anything_is_created(ddpk_home):
+    port = free_port()
+    (ddpk_home.parent / "ddpk.toml").write_text(f"port = {port}\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        refused = run_ddpk("submit", "--name", "busyport")
+    assert refused.code == 2 and refused.err == f"error: --port: {port} is in use on this machine\n"
+    assert not (ddpk_home / "runs").exists()
+
+
+def test_without_a_port_each_gang_start_gets_a_free_one(ddpk_home):
+    result = run_ddpk("submit", "--name", "anyport", "-f", "--", "--max-steps", "1", "--dataset", "fake",
+                      timeout=300)
+    assert result.code == 0, result.err
+    assert "master=127.0.0.1:29500" not in result.out and "master=127.0.0.1:" in result.out
+    assert run_ddpk("delete", "anyport").code == 0

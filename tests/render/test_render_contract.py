@@ -120,7 +120,7 @@ def test_pytorchjob_leaves_the_rendezvous_to_the_operator(case):
         container = template["spec"]["containers"][0]
         # The operator finds MASTER_PORT only on a container named "pytorch", port "pytorchjob-port".
         assert container["name"] == "pytorch"
-        assert {"name": "pytorchjob-port", "containerPort": spec.port, "protocol": "TCP"} in container["ports"]
+        assert {"name": "pytorchjob-port", "containerPort": spec.master_port, "protocol": "TCP"} in container["ports"]
         assert "MASTER_ADDR" not in env_of(container)
     assert master_addr(spec, "pytorchjob") == f"{spec.name}-master-0"
     # An explicit integer: the operator counts "auto" as 1 process when it computes WORLD_SIZE.
@@ -228,7 +228,7 @@ def test_pods_are_hardened_and_carry_the_contract_env(case, target):
         assert env["DDPK_METRICS_FILE"] == f"{spec.checkpoint_mount}/metrics.jsonl"
         assert ("DDPK_DATA_DIR" in env) == (spec.data_pvc is not None)
         if target != "pytorchjob":
-            assert env["MASTER_PORT"] == str(spec.port)
+            assert env["MASTER_PORT"] == str(spec.master_port)
         for name, value in spec.env.items():
             assert env[name] == value
         volumes = {v["name"]: v for v in pod["volumes"]}

@@ -148,6 +148,12 @@ def test_validate_normalizes():
     assert validate(spec(nproc_per_node=" auto ")).nproc_per_node == "auto"
 
 
+def test_an_unset_port_stays_unset_and_renders_as_the_default():
+    out = validate(spec())
+    assert out.port is None and out.master_port == 29500
+    assert validate(spec(port=29501)).master_port == 29501
+
+
 def test_validate_does_not_share_mutable_fields():
     original = spec(env={"A": "1"})
     out = validate(original)

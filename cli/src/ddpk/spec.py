@@ -84,8 +84,9 @@ class JobSpec:
     """Seconds the job may run in all before it is failed. (--active-deadline)"""
     ttl_after_finished_s: int | None = 86400
     """Seconds a finished job is kept before Kubernetes deletes it. (--ttl)"""
-    port: int = DEFAULT_PORT
-    """Rendezvous port on the master pod (MASTER_PORT). (--port)"""
+    port: int | None = None
+    """Rendezvous port on the master pod (MASTER_PORT); default 29500 on clusters and Slurm,
+    a free port where replicas share this machine (local). (--port)"""
     rdzv_timeout_s: int = 600
     """How long ddpk-launch waits for the master's DNS name and port. (--rdzv-timeout)"""
 
@@ -97,6 +98,11 @@ class JobSpec:
     def service_name(self) -> str:
         """The headless Service whose name is every pod's subdomain."""
         return self.name
+
+    @property
+    def master_port(self) -> int:
+        """The MASTER_PORT renderers write: ``port`` when set, else ``DEFAULT_PORT``."""
+        return DEFAULT_PORT if self.port is None else self.port
 
 
 # --- validation ------------------------------------------------------------------
@@ -312,7 +318,9 @@ def validate(spec: JobSpec) -> JobSpec:
     ttl = spec.ttl_after_finished_s
     if ttl is not None:
         ttl = _check_int(ttl, "--ttl", minimum=0)
-    port = _check_int(spec.port, "--port", minimum=1, maximum=65535)
+    port = spec.port
+    if port is not None:
+        port = _check_int(port, "--port", minimum=1, maximum=65535)
     rdzv_timeout = _check_int(spec.rdzv_timeout_s, "--rdzv-timeout", minimum=1)
 
     if not all(isinstance(arg, str) for arg in spec.trainer_args):

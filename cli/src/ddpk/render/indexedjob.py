@@ -28,7 +28,7 @@ def service(spec: JobSpec) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": pod.selector_labels(spec),
-            "ports": [{"name": pod.PORT_NAME, "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}],
+            "ports": [{"name": pod.PORT_NAME, "port": spec.master_port, "targetPort": spec.master_port, "protocol": "TCP"}],
         },
     }
 

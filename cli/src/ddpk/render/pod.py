@@ -65,7 +65,7 @@ def pod_env(spec: JobSpec, master_addr: str | None) -> dict[str, str]:
     env: dict[str, str] = {}
     if master_addr is not None:
         env["MASTER_ADDR"] = master_addr
-        env["MASTER_PORT"] = str(spec.port)
+        env["MASTER_PORT"] = str(spec.master_port)
     env["DDPK_NNODES"] = str(spec.replicas)
     env["DDPK_NPROC_PER_NODE"] = spec.nproc_per_node
     env["DDPK_CHECKPOINT_DIR"] = spec.checkpoint_mount
@@ -132,7 +132,7 @@ def container(
     }
     if spec.env_from_secrets:
         out["envFrom"] = [{"secretRef": {"name": secret}} for secret in spec.env_from_secrets]
-    out["ports"] = [{"name": port_name, "containerPort": spec.port, "protocol": "TCP"}]
+    out["ports"] = [{"name": port_name, "containerPort": spec.master_port, "protocol": "TCP"}]
     res = resources(spec)
     if res:
         out["resources"] = res

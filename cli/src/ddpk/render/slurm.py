@@ -80,7 +80,7 @@ def render(spec: JobSpec, container: bool = False) -> str:
         "# sed reads every line: head would close the pipe early and pipefail would end the script.",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
         "export MASTER_ADDR",
-        f"export MASTER_PORT={spec.port}",
+        f"export MASTER_PORT={spec.master_port}",
     ]
     if spec.checkpoint_pvc is None:
         out.append(f'checkpoint_host="${{SLURM_SUBMIT_DIR:-$PWD}}/{spec.name}-checkpoints"')

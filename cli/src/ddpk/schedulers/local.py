@@ -1,7 +1,7 @@
 """Run a job on this machine: one process group per replica, owned by a detached supervisor.
 
 Each replica runs the rendered pod command and environment, with
-``MASTER_ADDR=127.0.0.1``, a free port, ``JOB_COMPLETION_INDEX`` and the
+``MASTER_ADDR=127.0.0.1``, ``--port`` or else a free port, ``JOB_COMPLETION_INDEX`` and the
 checkpoint/data mount paths mapped to host folders. State and per-rank logs
 live in the job's run directory under ``$DDPK_HOME/runs`` (default
 ``~/.local/share/ddpk/runs``).
@@ -9,11 +9,13 @@ live in the job's run directory under ``$DDPK_HOME/runs`` (default
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,8 +85,9 @@ def local_replicas(
     argv = [launcher if command[0] == LAUNCHER else command[0]] + [map_path(a, mounts) for a in command[1:]]
     base = {k: map_path(v, mounts) for k, v in env.items()}
     base["MASTER_ADDR"] = "127.0.0.1"
-    # The supervisor picks a free port for every start of the gang.
-    base.pop("MASTER_PORT", None)
+    # Without --port the supervisor picks a free port for every start of the gang.
+    if spec.port is None:
+        base.pop("MASTER_PORT", None)
     return [
         {"index": i, "argv": argv, "env": {**base, "JOB_COMPLETION_INDEX": str(i)}} for i in range(spec.replicas)
     ]
@@ -94,8 +97,21 @@ def plan_text(replicas: list[dict], mounts: dict[str, str]) -> str:
     lines = [f"# {pod} -> {host}" for pod, host in mounts.items()]
     for r in replicas:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r["env"].items()))
-        lines.append(f"{env} MASTER_PORT=<free port> {shlex.join(r['argv'])}")
+        free = "" if "MASTER_PORT" in r["env"] else " MASTER_PORT=<free port>"
+        lines.append(f"{env}{free} {shlex.join(r['argv'])}")
     return "\n".join(lines)
+
+
+def check_port_free(port: int) -> None:
+    """Rank 0 must be able to listen on ``port`` here; a port someone holds would hang the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the rendezvous store binds: a port left in TIME_WAIT by an earlier job is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            reason = "in use" if exc.errno == errno.EADDRINUSE else f"not available ({exc.strerror})"
+            raise BadInput("--port", f"{port} is {reason} on this machine") from None
 
 
 class LocalScheduler(Scheduler):
@@ -114,6 +130,7 @@ class LocalScheduler(Scheduler):
             "run_id": f"{spec.name}-{uuid.uuid4().hex[:12]}",
             "cwd": os.getcwd(),
             "max_restarts": spec.max_restarts,
+            "port": spec.port,
             "mounts": mounts,
             "replicas": replicas,
         }
@@ -133,6 +150,8 @@ class LocalScheduler(Scheduler):
                 phase = self.describe(name).phase
                 raise BadInput("--name", f"job {name} already exists on local ({phase}); use --replace or ddpk delete {name}")
             self.delete(name)
+        if plan.spec.port is not None:
+            check_port_free(plan.spec.port)
         runs_root().mkdir(parents=True, exist_ok=True)
         try:
             run_dir.mkdir()
