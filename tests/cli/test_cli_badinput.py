@@ -114,3 +114,12 @@ def test_debug_shows_the_traceback(cli, ddpk_home):
     result = cli("submit", "--dry-run", "--replicas", "0", "--debug")
     assert result.code == 2
     assert "Traceback" in result.err
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/sub"])
+def test_render_output_dir_that_is_or_is_under_a_file(cli, ddpk_home, where):
+    afile = ddpk_home.parent / "afile"
+    afile.write_text("not a folder\n")
+    assert_bad(cli("render", "--output-dir", str(ddpk_home.parent / where)), "--output-dir")
+    assert afile.read_text() == "not a folder\n"
+    assert sorted(p.name for p in ddpk_home.parent.iterdir()) == ["afile"]

@@ -26,6 +26,8 @@ from ddpk.render import (
     trainer_container,
     write_dir,
 )
+from ddpk.errors import BadInput
+from ddpk.render.output import file_name
 from ddpk.spec import JobSpec, parse_toleration, validate
 from ddpk_trainer import env as envmod
 from ddpk_trainer import launch
@@ -357,6 +359,17 @@ def test_yaml_round_trips_and_write_dir_writes_one_file_per_object(target, tmp_p
     written = write_dir(objs, tmp_path / "out")
     assert len(written) == len(objs) == len(list((tmp_path / "out").iterdir()))
     assert [yaml.safe_load(p.read_text()) for p in written] == objs
+
+
+def test_write_dir_leaves_nothing_behind_when_a_file_cannot_be_written(tmp_path):
+    objs = render(CASES["two-cpu"])
+    # The last file's temporary name is taken by a folder, so writing it fails after the others were staged.
+    blocker = tmp_path / f".{file_name(objs[-1])}.tmp"
+    blocker.mkdir()
+    with pytest.raises(BadInput) as caught:
+        write_dir(objs, tmp_path)
+    assert caught.value.field == "--output-dir"
+    assert list(tmp_path.iterdir()) == [blocker]
 
 
 def test_write_dir_takes_an_sbatch_script(tmp_path):

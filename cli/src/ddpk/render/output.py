@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ddpk.errors import BadInput
+
 
 def to_yaml(objs: list[dict[str, Any]]) -> str:
     """One YAML document per object, in order, keys in the renderer's order."""
@@ -23,20 +25,34 @@ def write_dir(
 ) -> list[Path]:
     """One file per object in ``path`` (created if missing); an sbatch script goes to ``script_name``.
 
-    Each file is written whole to a temporary name and then renamed, so a failure never
-    leaves half a manifest behind.
+    Every file is first written whole to a temporary name; only when all are written are
+    they renamed into place, so a failure leaves no manifest behind, whole or half.
     """
     directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
+    if directory.exists() and not directory.is_dir():
+        raise BadInput("--output-dir", f"{path} exists and is not a folder")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput("--output-dir", f"cannot create {path}: {exc.strerror or exc}") from None
     if isinstance(objs, str):
         items = [(script_name, objs)]
     else:
         items = [(file_name(obj), to_yaml([obj])) for obj in objs]
+    staged = []
+    try:
+        for name, text in items:
+            tmp = directory / f".{name}.tmp"
+            staged.append(tmp)
+            tmp.write_text(text)
+    except OSError as exc:
+        for tmp in staged:
+            if tmp.is_file():
+                tmp.unlink()
+        raise BadInput("--output-dir", f"cannot write to {path}: {exc.strerror or exc}") from None
     written = []
-    for name, text in items:
+    for tmp, (name, _) in zip(staged, items, strict=True):
         target = directory / name
-        tmp = target.with_name(f".{name}.tmp")
-        tmp.write_text(text)
         os.replace(tmp, target)
         written.append(target)
     return written
