@@ -9,13 +9,13 @@ from ddpk.render.pod import APP
 ROLE = "ddpk-submitter"
 
 RULES = [
-    # submit, replace and delete: the rendered Job and its headless Service
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    # follow: pod phases, logs and the events that explain a pending or failed pod
-    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+    # submit (server-side apply: patch, and create for a new object), status, list, wait, delete, --replace
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "patch", "delete"]},
+    # submit and delete: the headless Service, never read back
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "patch", "delete"]},
+    # status, logs, wait, list and --replace list the job's pods; logs read each one's log. ddpk polls: no watch.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
 ]
 
 
