@@ -155,3 +155,27 @@ def test_rank_whose_peer_hangs_mid_all_reduce_exits_within_the_collective_timeou
     assert node0.returncode not in (0, 2), out
     assert "Timed out" in out or "timed out" in out, out
     assert elapsed <= timeout_s * 1.1, out
+
+
+def test_survivor_of_a_killed_peer_says_collective_failed_in_one_line(tmp_path):
+    port = free_port()
+    train = ["--epochs", "50", "--batch-size", "16", "--resume", "none", "--checkpoint-dir", str(tmp_path),
+             "--checkpoint-every", "2"]
+    node0, node1 = [start([script("ddpk-launch"), "--", *train], env) for env in _node_envs("indexed-job", port)]
+    try:
+        deadline = time.monotonic() + 180
+        while not any(n.startswith("ckpt-") for n in os.listdir(tmp_path)):  # training is under way
+            assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0]
+            time.sleep(0.05)
+        os.killpg(node1.pid, signal.SIGKILL)  # the peer's whole node, its sockets closed by the kernel
+        out, _ = node0.communicate(timeout=120)
+    finally:
+        for proc in (node0, node1):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    assert node0.returncode not in (0, 2), out
+    assert "Traceback" not in out, out
+    assert re.search(r"^ddpk-train: rank 0: collective failed: .+$", out, re.M), out

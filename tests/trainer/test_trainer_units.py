@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddpk_trainer import checkpoint, data, launch, train
+from ddpk_trainer import checkpoint, data, distributed, launch, train
 from ddpk_trainer.env import Topology
 from ddpk_trainer.errors import UserError
 from trainer_helpers import write_cifar
@@ -200,3 +200,22 @@ def test_launcher_args_split_at_double_dash():
 def test_launcher_rejects_bad_flags(argv, flag):
     with pytest.raises(UserError, match=flag):
         launch.parse_args(argv, {})
+
+
+GLOO_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:25315: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging")
+
+
+@pytest.mark.parametrize("err, group_is_up, expected", [
+    (RuntimeError(GLOO_RESET), True, True),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1"),
+     True, True),
+    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation"), True, True),
+    (RuntimeError("NCCL communicator was aborted on rank 1."), True, True),
+    (RuntimeError(GLOO_RESET), False, False),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x10 and 12x10)"), True, False),
+    (ValueError("Connection reset by peer"), True, False),
+    (torch.distributed.DistBackendError("anything"), False, True),
+])
+def test_collective_failure_from_a_peer_is_told_apart_from_a_bug(err, group_is_up, expected):
+    assert distributed.collective_failed(err, group_is_up) is expected

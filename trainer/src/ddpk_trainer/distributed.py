@@ -7,6 +7,7 @@ rank whose peer vanished fails within --timeout instead of a 30-minute default.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
@@ -78,6 +79,29 @@ def init(p: Place, timeout_s: float) -> None:
     if p.device.type == "cuda":
         kwargs["device_id"] = p.device
     dist.init_process_group(init_method="env://", **kwargs)
+
+
+# How gloo, NCCL and c10d sign a failure: gloo prefixes its source path, NCCL and the process
+# groups name themselves, and a vanished peer reads as a closed or reset connection or a timeout.
+_PEER_FAILURE = re.compile(
+    r"/gloo/|\bGloo\b|\bNCCL\b|ProcessGroup(Gloo|NCCL)|\[c10d\]"
+    r"|Connection (closed|reset) by peer|Timed out waiting \d+ ?ms for (send|recv)"
+)
+
+
+def group_up() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def collective_failed(err: BaseException, group_is_up: bool) -> bool:
+    """Whether ``err`` is a collective that broke because a peer left or hung, not a bug of this rank.
+
+    torch raises most such failures as DistError; one that breaks inside backward() (DDP's
+    all-reduce hooks) arrives as a plain RuntimeError carrying the backend's own message.
+    """
+    if isinstance(err, dist.DistError):
+        return True
+    return isinstance(err, RuntimeError) and group_is_up and _PEER_FAILURE.search(str(err)) is not None
 
 
 def shutdown(p: Place) -> None:

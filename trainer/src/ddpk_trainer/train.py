@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as err:
         rank = os.environ.get("RANK", "0")
-        if isinstance(err, torch.distributed.DistError):
+        if distributed.collective_failed(err, distributed.group_up()):
             print(f"ddpk-train: rank {rank}: collective failed: {str(err).splitlines()[0]}", file=sys.stderr)
         else:
             traceback.print_exc()
