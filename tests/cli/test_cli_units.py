@@ -121,6 +121,7 @@ def test_durations():
         ([None, 1], 2, "restart"),
         ([1, None], 3, "fail"),
         ([None, 2], 0, "fail"),
+        ([1, 2], 0, "fail"),
     ],
 )
 def test_gang_decision(codes, restarts, action):
@@ -130,6 +131,8 @@ def test_gang_decision(codes, restarts, action):
 def test_user_error_and_spent_restarts_say_why():
     assert "user error" in decide([2, None], 0, 3)[1]
     assert "max_restarts=3 spent" in decide([None, 137], 3, 3)[1]
+    both = decide([1, 137], 0, 3)[1]
+    assert "replica 0 failed with exit code 1" in both and "replica 1 failed with exit code 137 (SIGKILL)" in both
     assert exit_code(-9) == 137
 
 
@@ -165,7 +168,8 @@ def test_docker_containers_look_like_the_pods():
     c1 = plan["containers"][1]
     assert (c1["name"], c1["hostname"], c1["aliases"]) == ("dj-1", "dj-1", ["dj-1.dj"])
     assert c1["entrypoint"] == ["ddpk-launch"] and c1["environment"]["JOB_COMPLETION_INDEX"] == "1"
-    assert c1["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 4}
+    # The supervisor restarts the gang; the engine must not restart a replica on its own.
+    assert c1["restart_policy"] == {"Name": "no"}
     assert c1["shm_size"] == 2**30
     assert c1["mounts"] == [
         {"type": "volume", "source": "dj-checkpoints", "target": "/checkpoints", "read_only": False},
@@ -174,17 +178,52 @@ def test_docker_containers_look_like_the_pods():
     assert plan["volumes"] == ["dj-checkpoints"]
 
 
-def test_docker_phase_from_container_states():
-    def attrs(i, status, code=0, restarts=0):
-        return {"Name": f"/dj-{i}", "RestartCount": restarts, "Config": {"Labels": {dock.INDEX_LABEL: str(i)}},
-                "State": {"Status": status, "ExitCode": code, "StartedAt": "2025-01-01T00:00:00Z",
-                          "FinishedAt": "0001-01-01T00:00:00Z"}}
+def docker_attrs(i, status, code=0):
+    return {"Name": f"/dj-{i}", "Config": {"Labels": {dock.INDEX_LABEL: str(i)}},
+            "State": {"Status": status, "ExitCode": code, "StartedAt": "2025-01-01T00:00:00Z",
+                      "FinishedAt": "0001-01-01T00:00:00Z"}}
 
-    assert dock.job_state("dj", [attrs(0, "running"), attrs(1, "restarting", 1, 1)], 3).phase == "Running"
-    assert dock.job_state("dj", [attrs(0, "exited"), attrs(1, "exited")], 3).phase == "Succeeded"
-    failed = dock.job_state("dj", [attrs(0, "running"), attrs(1, "exited", 137, 3)], 3)
-    assert failed.phase == "Failed" and "137" in failed.reason and failed.replicas[1].restarts == 3
-    assert "user error" in dock.job_state("dj", [attrs(0, "restarting", 2, 1), attrs(1, "running")], 3).reason
+
+def supervisor_state(phase, reason=None, restarts=0, exit_codes=(None, None)):
+    return {"name": "dj", "phase": phase, "reason": reason, "supervisor_pid": 4242, "restarts": restarts,
+            "start_time": "2025-01-01T00:00:00Z", "completion_time": None,
+            "replicas": [{"index": i, "state": "Running", "pid": None, "restarts": restarts, "exit_code": c}
+                         for i, c in enumerate(exit_codes)]}
+
+
+def test_docker_phase_and_restarts_come_from_the_supervisor():
+    restarting = supervisor_state("Running", "restart 1/3: replica 1 failed with exit code 137 (SIGKILL)", 1)
+    # Mid-restart: the killed container is down, but the supervisor is about to start the gang again.
+    st = dock.job_state("dj", [docker_attrs(0, "running"), docker_attrs(1, "exited", 137)], restarting, True)
+    assert st.phase == "Running" and "replica 1" in st.reason
+    assert [(r.state, r.restarts, r.exit_code) for r in st.replicas] == [("Running", 1, None), ("Failed", 1, 137)]
+
+    failed = supervisor_state("Failed", "replica 0 failed with exit code 2: a user error, not retried")
+    st = dock.job_state("dj", [docker_attrs(0, "exited", 2), docker_attrs(1, "exited", 137)], failed, False)
+    assert st.phase == "Failed" and "user error" in st.reason
+
+    # A running container remembers the code of its last finished run through the supervisor.
+    st = dock.job_state("dj", [docker_attrs(0, "running"), docker_attrs(1, "running")],
+                        supervisor_state("Running", restarts=1, exit_codes=(1, 137)), True)
+    assert [r.exit_code for r in st.replicas] == [1, 137]
+
+
+def test_a_docker_job_whose_supervisor_is_gone_fails_instead_of_hanging():
+    st = dock.job_state("dj", [docker_attrs(0, "running"), docker_attrs(1, "exited", 137)],
+                        supervisor_state("Running"), False)
+    assert st.phase == "Failed" and "supervisor (pid 4242) is gone" in st.reason
+    done = dock.job_state("dj", [docker_attrs(0, "exited"), docker_attrs(1, "exited")],
+                          supervisor_state("Succeeded"), False)
+    assert done.phase == "Succeeded" and done.reason is None
+
+
+def test_docker_phase_from_the_containers_alone_without_supervisor_state():
+    assert dock.job_state("dj", [docker_attrs(0, "running"), docker_attrs(1, "running")], None, False).phase == "Running"
+    assert dock.job_state("dj", [docker_attrs(0, "exited"), docker_attrs(1, "exited")], None, False).phase == "Succeeded"
+    failed = dock.job_state("dj", [docker_attrs(0, "running"), docker_attrs(1, "exited", 137)], None, False)
+    assert failed.phase == "Failed" and "code 137" in failed.reason
+    user = dock.job_state("dj", [docker_attrs(0, "exited", 137), docker_attrs(1, "exited", 2)], None, False)
+    assert "replica 1" in user.reason and "user error" in user.reason
 
 
 # --- kubernetes status -----------------------------------------------------------------

@@ -62,10 +62,12 @@ def decide(exit_codes: list[int | None], restarts_done: int, max_restarts: int) 
     failed = [(i, c) for i, c in enumerate(exit_codes) if c not in (None, 0)]
     if not failed:
         return ("succeed", None) if all(c == 0 for c in exit_codes) else ("wait", None)
-    index, code = failed[0]
-    what = f"replica {index} failed with {describe_exit(code)}"
-    if code == EXIT_USER_ERROR:
-        return "fail", f"{what}: a user error, not retried"
+    # A user error anywhere decides, even when a peer's broken collective was seen with it.
+    user_error = [i for i, c in failed if c == EXIT_USER_ERROR]
+    if user_error:
+        return "fail", f"replica {user_error[0]} failed with exit code 2: a user error, not retried"
+    # The victim and the survivors it took down often end within one poll: name them all.
+    what = "; ".join(f"replica {i} failed with {describe_exit(c)}" for i, c in failed)
     if restarts_done >= max_restarts:
         return "fail", f"{what} after {restarts_done} restart(s); max_restarts={max_restarts} spent"
     return "restart", what
@@ -129,6 +131,8 @@ class Gang(ABC):
     starts all of it again, each replica's restart count going up by one.
     """
 
+    poll_s = POLL_S
+
     def __init__(self, state_dir: Path, name: str, replicas: int, max_restarts: int):
         self.state_dir = state_dir
         self.max_restarts = max_restarts
@@ -186,7 +190,7 @@ class Gang(ABC):
             self.start_gang()
         self.started()
         while True:
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
             if self.stop_requested:
                 self.stop_gang()
                 stop_file = self.state_dir / "stop"
