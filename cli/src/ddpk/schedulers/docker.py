@@ -5,19 +5,26 @@ One user-defined network per job; container ``<job>-<i>`` has hostname
 ``MASTER_ADDR`` resolves as pod DNS does. Each runs the rendered command and
 env (entrypoint ddpk-launch) as the image's non-root user, hardened like the
 pod (read-only root, /tmp as tmpfs, no capabilities, no new privileges).
-The restart policy ``on-failure`` with ``MaximumRetryCount = max_restarts``
-restarts a replica in place, same hostname and alias, like a pod with
-``restartPolicy: OnFailure``; a dead peer fails the survivors' collectives, so
-the whole gang restarts and resumes from the checkpoint volume. The Docker SDK
-is imported only here.
+A detached supervisor (``docker_supervisor``, the local scheduler's gang loop)
+restarts the whole gang in place when any replica fails, and writes the job's
+phase, reason and restart counts to ``$DDPK_HOME/docker/<job>/state.json``,
+which ``describe`` reads beside the containers. The Docker SDK is imported
+only here and in the supervisor.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ddpk.errors import BadInput, DdpkError, Unreachable
@@ -35,13 +42,25 @@ from ddpk.schedulers.base import (
     ReplicaStatus,
     Scheduler,
 )
+from ddpk.schedulers import local_supervisor as sup
 from ddpk.schedulers.container import trainer_container
+from ddpk.schedulers.local import ddpk_home
 from ddpk.spec import JobSpec
 
 JOB_LABEL = "ddpk.job"
 INDEX_LABEL = "ddpk.index"
 USER_ERROR = 2
 STOP_TIMEOUT_S = 10
+START_TIMEOUT_S = 30.0
+SUPERVISOR = "ddpk.schedulers.docker_supervisor"
+RESTART_POLICY = {"Name": "no"}
+"""The supervisor is the one restarter. The engine's on-failure would restart a crashed
+container on its own, racing the supervisor's stop-and-start of the gang, would retry
+exit 2, and skips a container stopped with docker kill anyway."""
+
+
+def state_root() -> Path:
+    return ddpk_home() / "docker"
 
 
 def volume_source(value: str) -> tuple[str, str]:
@@ -75,7 +94,7 @@ def container_plans(spec: JobSpec, command: list[str], env: dict[str, str]) -> d
             "labels": {**labels, INDEX_LABEL: str(i)},
             "aliases": [f"{host}.{spec.service_name}"],
             "shm_size": int(parse_quantity(spec.shm_size, "--shm-size")),
-            "restart_policy": {"Name": "on-failure", "MaximumRetryCount": spec.max_restarts},
+            "restart_policy": RESTART_POLICY,
             "mounts": mounts,
             "gpus": spec.gpus_per_replica,
             "read_only": True,
@@ -101,68 +120,94 @@ def plan_text(payload: dict[str, Any]) -> str:
                           for m in c["mounts"])
         lines.append(
             f"container {c['name']}: --hostname {c['hostname']} --network-alias {c['aliases'][0]} "
-            f"--shm-size {c['shm_size']} --restart on-failure:{c['restart_policy']['MaximumRetryCount']} "
+            f"--shm-size {c['shm_size']} --restart {c['restart_policy']['Name']} "
             f"{mounts} {env} --entrypoint {c['entrypoint'][0]} {c['image']} {' '.join(c['command'])}"
         )
     return "\n".join(lines)
 
 
 def replica_state(attrs: dict) -> ReplicaStatus:
-    """One container's state as a replica: Restarting while Docker will start it again."""
+    """One container's state as a replica."""
     st = attrs.get("State", {})
     status, code = st.get("Status", "created"), st.get("ExitCode")
+    finished = status in ("exited", "dead")
     if status == "running":
         state = RUNNING
-    elif status == "restarting":
-        state = "Restarting"
-    elif status in ("exited", "dead"):
+    elif finished:
         state = SUCCEEDED if code == 0 else FAILED
     else:
         state = PENDING
-    started = status != "created" or attrs.get("RestartCount", 0) > 0
     return ReplicaStatus(
         index=int(attrs["Config"]["Labels"].get(INDEX_LABEL, 0)),
         state=state,
-        restarts=int(attrs.get("RestartCount", 0)),
-        exit_code=code if started and status != "running" else None,
+        exit_code=code if finished else None,
         detail=attrs.get("Name", "").lstrip("/"),
     )
 
 
-def job_state(name: str, containers: list[dict], max_restarts: int) -> JobStatus:
-    """The job's phase from its containers (their inspect data)."""
-    replicas = sorted((replica_state(a) for a in containers), key=lambda r: r.index)
-    reason = None
+def containers_phase(replicas: list[ReplicaStatus]) -> tuple[str, str | None]:
+    """The phase the containers alone show, for a job whose supervisor state is not here."""
     failed = [r for r in replicas if r.state == FAILED]
-    user_error = [r for r in replicas if r.exit_code == USER_ERROR and r.state in (FAILED, "Restarting")]
-    if user_error:
-        phase = FAILED
-        reason = f"replica {user_error[0].index} exited with code 2: a user error, not retried"
-    elif failed:
-        phase = FAILED
-        r = failed[0]
-        reason = f"replica {r.index} exited with code {r.exit_code} after {r.restarts} restart(s); max_restarts={max_restarts}"
-    elif replicas and all(r.state == SUCCEEDED for r in replicas):
-        phase = SUCCEEDED
-    elif any(r.state in (RUNNING, "Restarting") for r in replicas):
-        phase = RUNNING
-        restarting = [r for r in replicas if r.restarts]
-        if restarting:
-            reason = f"replica {restarting[0].index} restarted {restarting[0].restarts} time(s)"
+    if failed:
+        r = next((r for r in failed if r.exit_code == USER_ERROR), failed[0])
+        what = "a user error, not retried" if r.exit_code == USER_ERROR else "no supervisor state to restart it"
+        return FAILED, f"replica {r.index} exited with code {r.exit_code}: {what}"
+    if replicas and all(r.state == SUCCEEDED for r in replicas):
+        return SUCCEEDED, None
+    if any(r.state == RUNNING for r in replicas):
+        return RUNNING, None
+    return PENDING, None
+
+
+def job_state(name: str, containers: list[dict], state: dict | None, supervised: bool) -> JobStatus:
+    """The job's status: phase, reason and restarts from the supervisor's state, the rest from the containers.
+
+    ``supervised`` says whether the supervisor still runs; a job it left unfinished failed.
+    """
+    replicas = sorted((replica_state(a) for a in containers), key=lambda r: r.index)
+    if state is None:
+        phase, reason = containers_phase(replicas)
+        times = [a.get("State", {}) for a in containers]
+        started = sorted(t["StartedAt"] for t in times if t.get("StartedAt", "").startswith("2"))
+        ended = sorted(t["FinishedAt"] for t in times if t.get("FinishedAt", "").startswith("2"))
+        start_time = started[0] if started else None
+        completion_time = ended[-1] if ended and phase in (SUCCEEDED, FAILED) else None
     else:
-        phase = PENDING
-    times = [a.get("State", {}) for a in containers]
-    started = sorted(t["StartedAt"] for t in times if t.get("StartedAt", "").startswith("2"))
-    finished = sorted(t["FinishedAt"] for t in times if t.get("FinishedAt", "").startswith("2"))
+        recorded = {r["index"]: r for r in state["replicas"]}
+        replicas = [
+            dataclasses.replace(
+                r,
+                restarts=recorded.get(r.index, {}).get("restarts", 0),
+                exit_code=r.exit_code if r.exit_code is not None else recorded.get(r.index, {}).get("exit_code"),
+            )
+            for r in replicas
+        ]
+        phase, reason = state["phase"], state["reason"]
+        if phase not in (SUCCEEDED, FAILED) and not supervised:
+            phase = FAILED
+            reason = f"its supervisor (pid {state['supervisor_pid']}) is gone; nothing restarts the replicas"
+        start_time, completion_time = state["start_time"], state["completion_time"]
     return JobStatus(
         name=name,
         scheduler="docker",
         phase=phase,
         replicas=replicas,
-        start_time=started[0] if started else None,
-        completion_time=finished[-1] if finished and phase in (SUCCEEDED, FAILED) else None,
+        start_time=start_time,
+        completion_time=completion_time,
         reason=reason,
     )
+
+
+def supervisor_alive(state: dict, state_dir: Path) -> bool:
+    """The recorded pid still runs this job's supervisor (not a process that reused the pid)."""
+    pid = state["supervisor_pid"]
+    if not sup.alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return SUPERVISOR.encode() in argv and str(state_dir).encode() in argv
 
 
 class DockerScheduler(Scheduler):
@@ -222,13 +267,16 @@ class DockerScheduler(Scheduler):
                 raise BadInput("--image", f"{image} is not in the Docker engine and pulling it failed "
                                           f"(build it, e.g. make image-cpu): {reason.splitlines()[0][:120]}") from None
 
+    def state_dir(self, name: str) -> Path:
+        return state_root() / name
+
     def schedule(self, plan: Plan, replace: bool = False) -> str:
         name = plan.spec.name
         payload = plan.payload
         errors = self._errors()
         existing = self._containers(name)
         network_exists = bool(self._networks(payload["network"]))
-        if existing or network_exists:
+        if existing or network_exists or self.state_dir(name).exists():
             if not replace:
                 raise BadInput("--name", f"job {name} already exists on docker; use --replace or ddpk delete {name} -s docker")
             self.delete(name)
@@ -250,14 +298,52 @@ class DockerScheduler(Scheduler):
                 created.append(self._create(c, payload["network"]))
             for container in created:
                 container.start()
+            self._supervise(name, len(created), payload["max_restarts"])
         except BaseException:
-            # Nothing half-applied: a job that could not start leaves no container or network.
+            # Nothing half-applied: a job that could not start leaves no container, network or state.
+            self._end_supervisor(name)
             for container in created:
                 container.remove(force=True)
             if network is not None:
                 network.remove()
+            shutil.rmtree(self.state_dir(name), ignore_errors=True)
             raise
         return name
+
+    def _supervise(self, name: str, replicas: int, max_restarts: int) -> None:
+        """Start the job's detached supervisor and wait until it has written its state."""
+        state_dir = self.state_dir(name)
+        state_dir.mkdir(parents=True)
+        sup.write_json(state_dir / "plan.json", {"name": name, "replicas": replicas, "max_restarts": max_restarts})
+        with open(state_dir / "supervisor.log", "ab") as log:
+            # It forks again and the first child exits at once: waiting here reaps it.
+            subprocess.run([sys.executable, "-m", SUPERVISOR, str(state_dir)], stdin=subprocess.DEVNULL,
+                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, check=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (state_dir / "state.json").exists():
+            if time.monotonic() > deadline:
+                raise DdpkError(f"the supervisor of {name} did not start; see {state_dir / 'supervisor.log'}")
+            time.sleep(0.05)
+
+    def _state(self, name: str) -> tuple[dict | None, bool]:
+        """The supervisor's state (None when this DDPK_HOME has none) and whether it still runs."""
+        state_dir = self.state_dir(name)
+        try:
+            state = json.loads((state_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return None, False
+        return state, supervisor_alive(state, state_dir)
+
+    def _end_supervisor(self, name: str) -> None:
+        """SIGKILL the job's supervisor, so that it restarts nothing while the containers go."""
+        state, running = self._state(name)
+        if not running:
+            return
+        pid = state["supervisor_pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while sup.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _create(self, c: dict, network: str):
         from docker.types import DeviceRequest, Mount
@@ -276,21 +362,17 @@ class DockerScheduler(Scheduler):
         except self._errors().APIError as exc:
             raise DdpkError(f"Docker could not create {c['name']}: {exc.explanation or exc}") from None
 
-    def _max_restarts(self, containers: list) -> int:
-        policies = [c.attrs.get("HostConfig", {}).get("RestartPolicy", {}) for c in containers]
-        return max((p.get("MaximumRetryCount", 0) for p in policies), default=0)
-
     def describe(self, name: str) -> JobStatus:
         containers = self._containers(name)
         if not containers:
             raise BadInput("JOB", f"no job named {name!r} on docker (ddpk list -s docker shows the jobs)")
-        return job_state(name, [c.attrs for c in containers], self._max_restarts(containers))
+        return job_state(name, [c.attrs for c in containers], *self._state(name))
 
     def list(self) -> list[JobStatus]:
         by_job: dict[str, list] = {}
         for c in self.client.containers.list(all=True, filters={"label": [f"{MANAGED_BY_LABEL}={MANAGED_BY}"]}):
             by_job.setdefault(c.labels.get(JOB_LABEL, ""), []).append(c)
-        return [job_state(job, [c.attrs for c in cs], self._max_restarts(cs)) for job, cs in sorted(by_job.items())]
+        return [job_state(job, [c.attrs for c in cs], *self._state(job)) for job, cs in sorted(by_job.items())]
 
     def logs(self, name: str, rank: int | None = None, follow: bool = False,
              since_s: float | None = None, tail: int | None = None) -> Iterator[LogLine]:
@@ -318,8 +400,8 @@ class DockerScheduler(Scheduler):
     def _watch(self, name: str, done: threading.Event) -> Iterator[LogLine]:
         """Ends the follow when the job is Succeeded or Failed; the container streams then drain.
 
-        A failed job's surviving replicas are stopped here, as the Job controller would,
-        so that no stream waits on a replica that waits on a dead peer.
+        A failed job's surviving replicas are stopped here (the supervisor does so too
+        while it runs), so that no stream waits on a replica that waits on a dead peer.
         """
         while not done.is_set():
             status = self.describe(name)
@@ -366,14 +448,14 @@ class DockerScheduler(Scheduler):
     def wait(self, name: str, timeout: float | None = None, poll_s: float = 1.0) -> JobStatus:
         status = super().wait(name, timeout, poll_s)
         if status.phase == FAILED:
-            # Like the Job controller: a failed job's other replicas are stopped, not left to wait for a peer.
+            # Like the Job controller: a failed job's other replicas are stopped, not left to wait for a
+            # peer, also when its supervisor is gone.
             self._stop(name)
         return status
 
     def _stop(self, name: str) -> None:
         for c in self._containers(name):
-            if c.status in ("running", "restarting"):
-                c.update(restart_policy={"Name": "no"})
+            if c.status == "running":
                 c.stop(timeout=STOP_TIMEOUT_S)
 
     def delete(self, name: str, volumes: bool = False) -> None:
@@ -381,8 +463,10 @@ class DockerScheduler(Scheduler):
         containers = self._containers(name)
         networks = self._networks(name)
         owned_volumes = self.client.volumes.list(filters={"label": [f"{JOB_LABEL}={name}"]}) if volumes else []
-        if not containers and not networks and not owned_volumes:
+        state_dir = self.state_dir(name)
+        if not containers and not networks and not owned_volumes and not state_dir.exists():
             raise BadInput("JOB", f"no job named {name!r} on docker")
+        self._end_supervisor(name)
         for c in containers:
             try:
                 c.remove(force=True)
@@ -392,6 +476,7 @@ class DockerScheduler(Scheduler):
             n.remove()
         for v in owned_volumes:
             v.remove()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 SCHEDULER = DockerScheduler
