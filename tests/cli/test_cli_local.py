@@ -158,3 +158,18 @@ def test_without_a_port_each_gang_start_gets_a_free_one(ddpk_home):
     assert result.code == 0, result.err
     assert "master=127.0.0.1:29500" not in result.out and "master=127.0.0.1:" in result.out
     assert run_ddpk("delete", "anyport").code == 0
+
+
+def test_the_given_port_is_the_rendezvous_port_from_the_flag_and_the_config_file(ddpk_home):
+    port = free_port()
+    result = run_ddpk("submit", "--name", "flagport", "--port", str(port), "-f", "--", "--max-steps", "1",
+                      "--dataset", "fake", timeout=300)
+    assert result.code == 0, result.err
+    assert f"master=127.0.0.1:{port}" in result.out
+    assert run_ddpk("delete", "flagport").code == 0
+    (ddpk_home.parent / "ddpk.toml").write_text(f"port = {port}\n")
+    result = run_ddpk("submit", "--name", "fileport", "-f", "--", "--max-steps", "1", "--dataset", "fake",
+                      timeout=300)
+    assert result.code == 0, result.err
+    assert f"master=127.0.0.1:{port}" in result.out
+    assert run_ddpk("delete", "fileport").code == 0

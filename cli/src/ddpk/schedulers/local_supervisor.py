@@ -241,7 +241,8 @@ class Supervisor(Gang):
         stream.close()
 
     def start_gang(self) -> None:
-        port = str(free_port())
+        # --port when given (ddpk submit checked it is free), else a new free port for every start.
+        port = str(self.plan["port"] or free_port())
         self.procs, self.readers = [], []
         for replica, rep_state in zip(self.plan["replicas"], self.state["replicas"]):
             env = {**os.environ, **replica["env"], "MASTER_PORT": port, MARKER: self.plan["run_id"]}
