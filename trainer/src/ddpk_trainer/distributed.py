@@ -104,11 +104,6 @@ def collective_failed(err: BaseException, group_is_up: bool) -> bool:
     return isinstance(err, RuntimeError) and group_is_up and _PEER_FAILURE.search(str(err)) is not None
 
 
-def shutdown(p: Place) -> None:
-    if p.distributed and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def all_reduce_sum(p: Place, tensor: torch.Tensor) -> torch.Tensor:
     if p.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

@@ -247,7 +247,6 @@ def run(argv: Sequence[str], environ) -> int:
     rate = run_samples * world / max(train_s, 1e-9)  # training only: evaluation is not throughput
     log(f"done steps={global_step} world_size={world} elapsed_s={elapsed:.1f} samples_per_sec={rate:.0f} "
         f"eval_loss={eval_loss:.4f} eval_acc={eval_acc:.4f}")
-    distributed.shutdown(place)
     return EXIT_OK
 
 
@@ -255,20 +254,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     speaks = os.environ.get("LOCAL_RANK", "0") == "0"  # one line per node, not one per rank
     try:
-        return run(argv, os.environ)
+        code = run(argv, os.environ)
     except UserError as err:
         if speaks:
             print(f"ddpk-train: {err}", file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
+        code = EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except Exception as err:
         rank = os.environ.get("RANK", "0")
         if distributed.collective_failed(err, distributed.group_up()):
             print(f"ddpk-train: rank {rank}: collective failed: {str(err).splitlines()[0]}", file=sys.stderr)
         else:
             traceback.print_exc()
+        code = EXIT_FAILED
+    if distributed.group_up():
+        # Never tear a process group down at exit. With a peer gone it can block; even after a clean
+        # run gloo can deadlock: the main thread frees DDP's reducer and joins gloo's worker threads
+        # while holding the GIL, and a worker needs the GIL to free a finished collective's tensor.
+        # Checkpoints are fsynced and metrics closed by now, so leave without teardown.
         sys.stdout.flush()
         sys.stderr.flush()
-        # A process group whose peer is gone can block interpreter shutdown; leave now.
-        os._exit(EXIT_FAILED)
+        os._exit(code)
+    return code
