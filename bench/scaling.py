@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from .common import Row, Section
-from .training import Workspace, child_env, plans, run_trainer, steady_rate
+from .training import Workspace, child_env, plans, run_trainer, run_trainer_side_by_side, steady_rate
 
 NAME = "scaling"
 TARGET = 0.85
@@ -36,6 +36,13 @@ def run(ws: Workspace, quick: bool) -> Section:
         eff = two / one
         sec.rows.append(Row(NAME, f"{model} per-rank samples/s, 2 ranks × 1 thread over 1 rank × 1 thread",
                             two, "samples/s/rank", one, "1 rank", eff, f"≥ {TARGET}", eff >= TARGET))
+        pair = [steady_rate(m) for m in run_trainer_side_by_side(ws, plan)]
+        ceiling = sum(pair) / len(pair)
+        sec.rows.append(Row(NAME, f"{model} machine ceiling: two independent 1-rank trainers at once, "
+                                  "per process, over 1 rank alone", ceiling, "samples/s/process", one,
+                            "1 rank", ceiling / one, "report"))
+        sec.rows.append(Row(NAME, f"{model} DDP per rank over that ceiling", two, "samples/s/rank", ceiling,
+                            "independent processes", two / ceiling, "report"))
         # About five seconds of timed steps of each kind per model.
         steps = {"convnet": 40, "resnet18": 6}[model] // (4 if quick else 1) or 1
         share = allreduce_share(ws, model, plan.batch, steps)
@@ -44,6 +51,10 @@ def run(ws: Workspace, quick: bool) -> Section:
                             100 * share["allreduce_share"], "%", None, "", None, "report",
                             note=f"step {1000 * share['step_s']:.0f} ms, "
                                  f"no_sync {1000 * share['no_sync_step_s']:.0f} ms"))
+    sec.notes.append(
+        "machine ceiling: two single-rank trainers started together on the same files, never "
+        "communicating; what they lose against one alone is the cores' own contention (shared caches, "
+        "memory bandwidth, other load), which no DDP implementation can win back.")
     sec.notes.append(
         "all-reduce share: median DDP step against median `no_sync()` step, timed alternately on "
         "in-memory random batches after a barrier (bench/allreduce.py), same model and per-rank batch; "

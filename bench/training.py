@@ -87,6 +87,14 @@ def _read_metrics(path: Path, cmd: list[str], proc: subprocess.CompletedProcess)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _trainer_cmd(ws: Workspace, plan: Plan, ranks: int, threads: int, extra: tuple[str, ...],
+                 epochs: int | None, metrics: Path) -> list[str]:
+    return [tool("ddpk-launch"), "--nproc-per-node", str(ranks), "--num-threads", str(threads), "--",
+            "--model", plan.model, "--dataset", "cifar10", "--data-dir", str(plan_data(ws, plan)),
+            "--batch-size", str(plan.batch), "--epochs", str(epochs or plan.epochs),
+            "--num-threads", str(threads), "--metrics-file", str(metrics), "--resume", "none", *extra]
+
+
 def run_trainer(ws: Workspace, plan: Plan, ranks: int, threads: int = 1,
                 extra: tuple[str, ...] = (), epochs: int | None = None) -> list[dict]:
     """ddpk-launch with `ranks` local ranks, as a pod would start it; its epoch metrics.
@@ -98,14 +106,26 @@ def run_trainer(ws: Workspace, plan: Plan, ranks: int, threads: int = 1,
         return ws.cache[key]
     out = ws.run_dir()
     metrics = out / "metrics.jsonl"
-    cmd = [tool("ddpk-launch"), "--nproc-per-node", str(ranks), "--num-threads", str(threads), "--",
-           "--model", plan.model, "--dataset", "cifar10", "--data-dir", str(plan_data(ws, plan)),
-           "--batch-size", str(plan.batch), "--epochs", str(epochs or plan.epochs),
-           "--num-threads", str(threads), "--metrics-file", str(metrics), "--resume", "none", *extra]
+    cmd = _trainer_cmd(ws, plan, ranks, threads, extra, epochs, metrics)
     proc = subprocess.run(cmd, env=child_env(), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=900, check=False)
     ws.cache[key] = _read_metrics(metrics, cmd, proc)
     return ws.cache[key]
+
+
+def run_trainer_side_by_side(ws: Workspace, plan: Plan, copies: int = 2) -> list[list[dict]]:
+    """`copies` independent single-rank trainers at once: what the cores give two processes
+    that never wait for each other, the ceiling for per-rank throughput of a 2-rank job."""
+    outs = [ws.run_dir() for _ in range(copies)]
+    cmds = [_trainer_cmd(ws, plan, 1, 1, (), None, out / "metrics.jsonl") for out in outs]
+    procs = [subprocess.Popen(cmd, env=child_env(), cwd=out, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for cmd, out in zip(cmds, outs)]
+    results = []
+    for cmd, out, proc in zip(cmds, outs, procs):
+        stdout, _ = proc.communicate(timeout=900)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, stdout)
+        results.append(_read_metrics(out / "metrics.jsonl", cmd, done))
+    return results
 
 
 def run_baseline(ws: Workspace, plan: Plan, ranks: int, workers: int, threads: int = 1,
