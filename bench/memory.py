@@ -1,14 +1,16 @@
 """Section 5: peak RSS per rank with cifar10-shaped data at batch 256.
 
 The trainer reads real-format CIFAR-10 pickle batches of random images (50,000 train +
-10,000 test) and runs a few steps on 2 ranks; each rank reports its own ru_maxrss
-(bench/rank_rss.py). The same run on a 1,000 + 1,000-image copy of the files is the
+10,000 test) and runs a few steps on 2 ranks; each rank's ru_maxrss comes from wait4
+on that rank's process. The same run on a 1,000 + 1,000-image copy of the files is the
 floor (interpreter, torch, model, activations at batch 256), so the difference is what
 the data costs, set against its uint8 size. `import torch` alone is reported beside it.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -22,23 +24,42 @@ FULL = (50_000, 10_000)
 SMALL = (1_000, 1_000)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def peak_rss_per_rank(ws: Workspace, n_train: int, n_test: int, steps: int) -> list[float]:
-    """Peak RSS in MB of each rank of one 2-rank trainer run."""
+    """Peak RSS in MB of each rank of one 2-rank trainer run.
+
+    The bench starts the two ranks itself, with the variables torchrun would set, as
+    ddpk-launch does, so that each rank is its own child and wait4 hands back that
+    child's rusage: ru_maxrss is the kernel's high-water mark for the process, transient
+    peaks included, however the rank exits."""
     data = ws.data(n_train, n_test)
     out = ws.run_dir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "bench.rank_rss", str(out),
+    cmd = [sys.executable, "-m", "ddpk_trainer",
            "--model", "convnet", "--dataset", "cifar10", "--data-dir", str(data),
            "--batch-size", str(BATCH), "--epochs", "1", "--max-steps", str(steps), "--num-threads", "1",
-           "--metrics-file", str(out / "metrics.jsonl"), "--checkpoint-dir", str(out / "ckpt"),
-           "--resume", "none"]
-    proc = subprocess.run(cmd, env=child_env(), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=600, check=False)
-    peaks = sorted(out.glob("rank-*.maxrss"))
-    if proc.returncode != 0 or len(peaks) != 2:
-        tail = " | ".join(proc.stdout.strip().splitlines()[-4:])
-        raise RuntimeError(f"memory run exited {proc.returncode}: {tail}")
-    return [int(p.read_text()) * 1024 / 1e6 for p in peaks]
+           "--metrics-file", str(out / "metrics.jsonl"), "--resume", "none"]
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(child_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
+                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", GROUP_RANK="0", OMP_NUM_THREADS="1")
+        log = (out / f"rank-{rank}.log").open("w")
+        procs.append(subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT))
+    peaks, codes = [], []
+    for proc in procs:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        codes.append(proc.returncode)
+        peaks.append(usage.ru_maxrss * 1024 / 1e6)
+    if any(codes):
+        tail = " | ".join((out / "rank-0.log").read_text().strip().splitlines()[-4:])
+        raise RuntimeError(f"memory run ranks exited {codes}: {tail}")
+    return peaks
 
 
 def import_torch_rss() -> float:
@@ -65,8 +86,8 @@ def run(ws: Workspace, quick: bool) -> Section:
                         extra_mb, "uint8 size of the extra 58k images", ratio,
                         "≤ 1.0× (no more than uint8)", ratio <= 1.05,
                         note=f"1k+1k peak {max(floor):.0f} MB"))
-    sec.notes.append("memory: each rank's getrusage ru_maxrss at exit (bench/rank_rss.py runs the trainer "
-                     f"in-process under torchrun, as ddpk-launch does), {steps} steps; the floor run differs "
+    sec.notes.append("memory: each rank's ru_maxrss from wait4 (the bench starts the ranks with torchrun's "
+                     f"variables, as ddpk-launch does), {steps} steps; the floor run differs "
                      "only in a 1,000 + 1,000-image copy of the files. Up to 5 % over 1.0× is allocator "
                      "noise; 2× would mean a second copy of the set at the peak.")
     return sec
