@@ -259,7 +259,7 @@ NOT_RESTARTED_BY_DOCKER = (
     pytest.param("docker", "crash", marks=pytest.mark.e2e, id="docker-crash"),
 ])
 def test_gang_recovers_from_the_last_checkpoint(request, scheduler, how, victim, baseline, tmp_path, capsys):
-    image = request.getfixturevalue("docker_image") if scheduler == "docker" else None
+    image = request.getfixturevalue("cpu_image") if scheduler == "docker" else None
     planned = baseline(scheduler, image)
     run = run_job(scheduler, image, tmp_path / "home", tmp_path / "checkpoints", victim, how)
 

@@ -179,28 +179,6 @@ def test_secrets_reach_the_cluster_only_as_references(api):
 # --- what a job's containers may do under the docker scheduler --------------------------------
 
 
-def docker_engine() -> None:
-    try:
-        ok = subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        if os.environ.get("DDPK_REQUIRE_DOCKER") == "1":
-            pytest.fail("DDPK_REQUIRE_DOCKER=1 but no Docker engine answers", pytrace=False)
-        pytest.skip("no Docker engine answers")
-
-
-@pytest.fixture(scope="module")
-def cpu_image() -> str:
-    """ddpk:cpu built from this tree (make image-cpu reuses the layer cache)."""
-    docker_engine()
-    image = os.environ.get("DDPK_CPU_IMAGE", "ddpk:cpu")
-    done = subprocess.run(["make", "--no-print-directory", "image-cpu", f"CPU_IMAGE={image}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, f"make image-cpu failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-    return image
-
-
 def in_image(image: str, script: str) -> str:
     done = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c", script],
                           capture_output=True, text=True, timeout=120)
