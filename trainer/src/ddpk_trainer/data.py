@@ -22,7 +22,7 @@ import pickle
 import tarfile
 import urllib.request
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -147,7 +147,8 @@ def cifar_folder(data_dir: str) -> str | None:
     return None
 
 
-def _read_cifar_batch(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_cifar_batch(path: str) -> tuple[Any, torch.Tensor]:
+    """The batch's images as the unpickled uint8 array, shaped (N, 3, 32, 32), and its labels."""
     import numpy as np
 
     try:
@@ -164,7 +165,24 @@ def _read_cifar_batch(path: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise UserError(f"--data-dir: missing CIFAR-10 batch {path}") from None
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
         raise UserError(f"--data-dir: corrupt or truncated CIFAR-10 batch {path}: {err}") from None
-    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), labels_t
+    return data.reshape(-1, 3, 32, 32), labels_t
+
+
+def _stack_images(arrays: list[Any]) -> torch.Tensor:
+    """One uint8 tensor from the batches' arrays, freeing each as soon as it is copied in.
+
+    The destination's pages become resident only as they are filled, so the set is held
+    about once at the peak, not twice as with a concatenation of copies.
+    """
+    import numpy as np
+
+    out = torch.empty((sum(len(a) for a in arrays), 3, 32, 32), dtype=torch.uint8)
+    dest, offset = out.numpy(), 0
+    while arrays:
+        part = arrays.pop(0)
+        np.copyto(dest[offset:offset + len(part)], part)
+        offset += len(part)
+    return out
 
 
 def download_cifar(data_dir: str) -> None:
@@ -193,10 +211,13 @@ def cifar10(data_dir: str) -> tuple[DeviceImages, DeviceImages]:
     folder = cifar_folder(data_dir)
     if folder is None:
         raise UserError(f"--data-dir: no CIFAR-10 batches ({CIFAR_FOLDER}/test_batch) under {data_dir}; add --download to fetch")
-    parts = [_read_cifar_batch(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6)]
-    test = _read_cifar_batch(os.path.join(folder, "test_batch"))
-    train = DeviceImages(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-    return train, DeviceImages(*test)
+    batches = [_read_cifar_batch(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6)]
+    labels = torch.cat([b[1] for b in batches])
+    images = [b[0] for b in batches]
+    del batches  # _stack_images must hold the last reference to each array to free it
+    train = DeviceImages(_stack_images(images), labels)
+    test_images, test_labels = _read_cifar_batch(os.path.join(folder, "test_batch"))
+    return train, DeviceImages(_stack_images([test_images]), test_labels)
 
 
 # ----------------------------------------------------------------------------- imagefolder
