@@ -38,13 +38,13 @@ demo: venv ## The main job: a 2-replica DDP job on this machine, ending with its
 test: venv ## Every test tier this machine can run (unit, integration, e2e-docker, kind)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-base-cpu: ## The offline CPU stand-in base image ($(CPU_BASE)), built without a registry
+base-cpu: ## The offline CPU stand-in base image (CPU_BASE, default ddpk-base:cpu), built without a registry
 	docker/build-cpu-base.sh $(CPU_BASE)
 
 image: ## The CUDA image from docker/Dockerfile on BASE_IMAGE, tagged IMAGE
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg REVISION=$(REVISION) -t $(IMAGE) .
 
-image-cpu: ## The same Dockerfile on the CPU stand-in base, tagged $(CPU_IMAGE)
+image-cpu: ## The same Dockerfile on the CPU stand-in base, tagged CPU_IMAGE (default ddpk:cpu)
 	docker image inspect $(CPU_BASE) >/dev/null 2>&1 || docker/build-cpu-base.sh $(CPU_BASE)
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg REVISION=$(REVISION) -t $(CPU_IMAGE) .
 
