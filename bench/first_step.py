@@ -32,6 +32,7 @@ _TS = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d
 LAUNCH_RE = re.compile(r"environment=\S+ node_rank=0\b")
 RDZV_RE = re.compile(r"ddpk-train: world_size=\d+ ")
 STEP_RE = re.compile(r"ddpk-train: (?:epoch \S+ )?step 1\b")
+RENDEZVOUS_S_RE = re.compile(r"ddpk-train: world_size=\d+ .* rendezvous_s=([\d.]+)")
 
 
 def _epoch_seconds(ts: str) -> float:
@@ -55,6 +56,9 @@ def milestones(log_text: str, t0: float) -> dict[str, float]:
         for key, pattern in (("launch", LAUNCH_RE), ("rdzv", RDZV_RE), ("step", STEP_RE)):
             if key not in found and pattern.search(text):
                 found[key] = at
+        took = RENDEZVOUS_S_RE.search(text)
+        if took and "rendezvous" not in found:
+            found["rendezvous"] = float(took.group(1))  # the trainer's own init_process_group time
     return found
 
 
@@ -141,6 +145,11 @@ def run(quick: bool) -> Section:
                                 note=f"launcher running at {start:.2f} s"))
             sec.rows.append(Row(NAME, f"{scheduler}: launcher → process group up "
                                       "(torch import, data, model, rendezvous)", up, "s", target="report"))
+            rendezvous = [r["rendezvous"] for r in runs if "rendezvous" in r]
+            if rendezvous:
+                sec.rows.append(Row(NAME, f"{scheduler}: rendezvous alone (rank 0's init_process_group, "
+                                          "waiting for every rank to join)", median(rendezvous), "s",
+                                    target="report"))
     sec.notes.append(f"first step: median of {repeats} runs of a convnet/synthetic job, 2 replicas × 1 rank, "
                      "milestones read from rank 0's timestamped log lines (`ddpk logs --timestamps`).")
     return sec

@@ -96,7 +96,9 @@ def run(argv: Sequence[str], environ) -> int:
         except checkpoint.CheckpointError as err:
             raise UserError(f"--resume: {err}") from None
 
-    distributed.init(place, args.timeout)
+    rdzv_t0 = time.time()
+    distributed.init(place, args.timeout)  # returns once every rank has joined: the rendezvous
+    rendezvous_s = time.time() - rdzv_t0
     random.seed(args.seed + rank)
     torch.manual_seed(args.seed * 1000 + rank)  # per-rank streams for anything random after init
 
@@ -170,7 +172,8 @@ def run(argv: Sequence[str], environ) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     log(f"world_size={world} device={place.device} backend={place.backend if place.distributed else 'none'} "
         f"model={args.model} params={n_params} dataset={args.dataset} train={len(ds.train)} test={len(ds.test)} "
-        f"batch={args.batch_size}x{world}x{args.grad_accum} steps_per_epoch={steps_per_epoch} total_steps={total_steps}")
+        f"batch={args.batch_size}x{world}x{args.grad_accum} steps_per_epoch={steps_per_epoch} total_steps={total_steps} "
+        f"rendezvous_s={rendezvous_s:.2f}")
 
     start = time.time()
     run_samples, run_t0, run_step0, train_s = 0, time.time(), global_step, 0.0
