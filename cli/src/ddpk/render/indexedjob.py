@@ -41,18 +41,29 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def job(spec: JobSpec) -> dict[str, Any]:
+def indexed_job_spec(
+    spec: JobSpec, job_policy: dict[str, Any], template: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """An Indexed Job's spec, also JobSet's replicated job: one pod per node, its completion index the node rank.
+
+    ``fields`` go just before the (long) template, where a reader of the YAML still sees them.
+    """
     body: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": spec.replicas,
         "parallelism": spec.replicas,
-        **indexedjob_policy(spec)["job"],
+        **job_policy,
     }
     if spec.active_deadline_s is not None:
         body["activeDeadlineSeconds"] = spec.active_deadline_s
-    if spec.ttl_after_finished_s is not None:
-        body["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
-    body["template"] = pod_template(spec)
+    body.update(fields)
+    body["template"] = template
+    return body
+
+
+def job(spec: JobSpec) -> dict[str, Any]:
+    ttl = {} if spec.ttl_after_finished_s is None else {"ttlSecondsAfterFinished": spec.ttl_after_finished_s}
+    body = indexed_job_spec(spec, indexedjob_policy(spec)["job"], pod_template(spec), **ttl)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": pod.metadata(spec, workload=True), "spec": body}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpk.render import pod
+from ddpk.render.indexedjob import indexed_job_spec
 from ddpk.render.policy import jobset_policy
 from ddpk.spec import JobSpec
 
@@ -28,19 +29,11 @@ def master_addr(spec: JobSpec) -> str:
 
 def render(spec: JobSpec) -> list[dict[str, Any]]:
     policy = jobset_policy(spec)
-    job_spec: dict[str, Any] = {
-        "completionMode": "Indexed",
-        "completions": spec.replicas,
-        "parallelism": spec.replicas,
-        **policy["job"],
-    }
-    if spec.active_deadline_s is not None:
-        # Per attempt: a JobSet restart recreates the Job and its clock.
-        job_spec["activeDeadlineSeconds"] = spec.active_deadline_s
-    job_spec["template"] = {
+    # activeDeadlineSeconds counts per attempt: a JobSet restart recreates the Job and its clock.
+    job_spec = indexed_job_spec(spec, policy["job"], {
         "metadata": {"labels": pod.labels(spec)},
         "spec": pod.pod_spec(spec, master_addr(spec), policy["pod"]["restartPolicy"]),
-    }
+    })
     body: dict[str, Any] = {
         "network": {
             "enableDNSHostnames": True,
