@@ -127,28 +127,40 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in f.read().split()]
 
 
+def _two_nodes_past_first_checkpoint(tmp_path, extra: list[str]):
+    """Two emulated nodes training, returned once a checkpoint shows training is under way."""
+    port = free_port()
+    train = ["--epochs", "50", "--batch-size", "16", "--resume", "none", "--checkpoint-dir", str(tmp_path),
+             "--checkpoint-every", "2", *extra]
+    node0, node1 = [start([script("ddpk-launch"), "--", *train], env) for env in _node_envs("indexed-job", port)]
+    deadline = time.monotonic() + 180
+    while not any(n.startswith("ckpt-") for n in os.listdir(tmp_path)):
+        if time.monotonic() >= deadline or node0.poll() is not None:
+            _kill_nodes(node0, node1)
+            raise AssertionError(node0.communicate()[0])
+        time.sleep(0.05)
+    return node0, node1
+
+
+def _kill_nodes(*nodes) -> None:
+    for proc in nodes:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_rank_whose_peer_hangs_mid_all_reduce_exits_within_the_collective_timeout(tmp_path):
     timeout_s = 10
-    port = free_port()
-    train = ["--epochs", "50", "--batch-size", "16", "--timeout", str(timeout_s), "--resume", "none",
-             "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
-    node0, node1 = [start([script("ddpk-launch"), "--", *train], env) for env in _node_envs("indexed-job", port)]
+    node0, node1 = _two_nodes_past_first_checkpoint(tmp_path, ["--timeout", str(timeout_s)])
     try:
-        deadline = time.monotonic() + 180
-        while not any(n.startswith("ckpt-") for n in os.listdir(tmp_path)):  # training is under way
-            assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0]
-            time.sleep(0.05)
         (peer,) = _children(node1.pid)
         os.kill(peer, signal.SIGSTOP)  # a peer that vanished without closing its sockets
         t0 = time.monotonic()
         out, _ = node0.communicate(timeout=timeout_s * 3)
         elapsed = time.monotonic() - t0
     finally:
-        for proc in (node0, node1):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_nodes(node0, node1)
         for child in _children(node1.pid) if node1.poll() is None else []:
             os.kill(child, signal.SIGKILL)
         node1.wait()
@@ -158,23 +170,13 @@ def test_rank_whose_peer_hangs_mid_all_reduce_exits_within_the_collective_timeou
 
 
 def test_survivor_of_a_killed_peer_says_collective_failed_in_one_line(tmp_path):
-    port = free_port()
-    train = ["--epochs", "50", "--batch-size", "16", "--resume", "none", "--checkpoint-dir", str(tmp_path),
-             "--checkpoint-every", "2"]
-    node0, node1 = [start([script("ddpk-launch"), "--", *train], env) for env in _node_envs("indexed-job", port)]
+    node0, node1 = _two_nodes_past_first_checkpoint(tmp_path, [])
     try:
-        deadline = time.monotonic() + 180
-        while not any(n.startswith("ckpt-") for n in os.listdir(tmp_path)):  # training is under way
-            assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0]
-            time.sleep(0.05)
         os.killpg(node1.pid, signal.SIGKILL)  # the peer's whole node, its sockets closed by the kernel
         out, _ = node0.communicate(timeout=120)
     finally:
+        _kill_nodes(node0, node1)
         for proc in (node0, node1):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
     assert node0.returncode not in (0, 2), out
     assert "Traceback" not in out, out
