@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import random
 import shutil
 import socket
 import subprocess
@@ -260,7 +261,7 @@ CASES = [
     Case("cifar-truncated-batch", TRAIN, ("--dataset", "cifar10", "--data-dir", "{data}"), "data_batch_3",
          setup=cifar_batches(truncate("data_batch_3"))),
     Case("cifar-corrupt-test-batch", TRAIN, ("--dataset", "cifar10", "--data-dir", "{data}"), "test_batch",
-         setup=cifar_batches(overwrite("test_batch", os.urandom(4096)))),
+         setup=cifar_batches(overwrite("test_batch", random.Random(7).randbytes(4096)))),
     Case("cifar-wrong-shape", TRAIN, ("--dataset", "cifar10", "--data-dir", "{data}"), "data_batch_1",
          setup=cifar_batches(wrong_shape("data_batch_1"))),
     Case("imagefolder-without-train-folder", TRAIN, ("--dataset", "imagefolder", "--data-dir", "{empty}"),

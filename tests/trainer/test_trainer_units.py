@@ -113,6 +113,38 @@ def test_cifar_reader_rejects_a_damaged_batch(tmp_path, damage):
         data.cifar10(str(tmp_path))
 
 
+def test_cifar_reader_rejects_any_damage_with_a_user_error(tmp_path):
+    # Random bytes, random cuts and random byte flips of a real batch make the unpickler raise
+    # many different types (OverflowError, UnicodeDecodeError, MemoryError...); every one must
+    # become the one-line UserError, never a traceback. Seeded, so a failure reproduces.
+    import random
+
+    folder = write_cifar(str(tmp_path), per_batch=4)
+    good = open(os.path.join(folder, "test_batch"), "rb").read()
+    path = os.path.join(str(tmp_path), "damaged_batch")
+    rng = random.Random(20261129)
+    kinds = set()
+    for i in range(600):
+        if i % 3 == 0:
+            blob = rng.randbytes(rng.randint(1, 4096))
+        elif i % 3 == 1:
+            blob = good[: rng.randint(0, len(good) - 1)]
+        else:
+            flipped = bytearray(good)
+            for _ in range(rng.randint(1, 8)):
+                flipped[rng.randrange(min(len(good), 400))] = rng.randrange(256)  # the header, not pixels
+            blob = bytes(flipped)
+        open(path, "wb").write(blob)
+        try:
+            data._read_cifar_batch(path)
+        except UserError as err:
+            assert "damaged_batch" in str(err)
+            kinds.add(str(err).split(": ")[2] if str(err).count(": ") >= 2 else "")
+        else:
+            assert i % 3 == 2, f"damage {i} was read as a valid batch"
+    assert len(kinds) > 3  # the damage really reached different failure paths
+
+
 def test_cifar_reader_names_a_missing_folder(tmp_path):
     with pytest.raises(UserError, match="--data-dir"):
         data.cifar10(str(tmp_path))

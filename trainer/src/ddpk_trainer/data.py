@@ -163,8 +163,10 @@ def _read_cifar_batch(path: str) -> tuple[Any, torch.Tensor]:
             raise ValueError("labels outside 0..9")
     except FileNotFoundError:
         raise UserError(f"--data-dir: missing CIFAR-10 batch {path}") from None
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
-        raise UserError(f"--data-dir: corrupt or truncated CIFAR-10 batch {path}: {err}") from None
+    except OSError as err:
+        raise UserError(f"--data-dir: cannot read CIFAR-10 batch {path}: {err}") from None
+    except Exception as err:  # damaged pickle bytes raise almost any type: Overflow, Memory, Unicode, Recursion...
+        raise UserError(f"--data-dir: corrupt or truncated CIFAR-10 batch {path}: {type(err).__name__}: {err}") from None
     return data.reshape(-1, 3, 32, 32), labels_t
 
 
