@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from collections.abc import Callable
+
 from .cifar_files import write_cifar10
 from .common import REPO, median, tool
 
@@ -36,6 +38,50 @@ def plans(quick: bool) -> dict[str, Plan]:
     return {"convnet": Plan("convnet", 128, 25, 4), "resnet18": Plan("resnet18", 32, 5, 3)}
 
 
+ROUNDS = 3
+"""Alternating rounds behind every side-by-side training ratio (1 with --quick)."""
+
+
+@dataclasses.dataclass
+class Rounds:
+    """Steady samples/s of each side, one figure per round; the sides ran one after another
+    in every round, in alternating order (A B C, then C B A, ...)."""
+
+    rates: dict[str, list[float]]
+
+    def median(self, side: str) -> float:
+        return median(self.rates[side])
+
+    def ratio(self, a: str, b: str, scale: float = 1.0) -> tuple[float, float, float]:
+        """Median, lowest and highest of the per-round ratios scale * a / b.
+
+        Each round's ratio compares runs seconds apart, so slow drift of the host's speed
+        cancels out in it instead of landing on whichever side happened to run later."""
+        each = [scale * x / y for x, y in zip(self.rates[a], self.rates[b])]
+        return median(each), min(each), max(each)
+
+    def spread(self, a: str, b: str, scale: float = 1.0) -> str:
+        mid, low, high = self.ratio(a, b, scale)
+        n = len(self.rates[a])
+        return f"median of {n} alternating rounds, {low:.2f}–{high:.2f}×" if n > 1 else "1 round"
+
+
+def alternate(ws: "Workspace", plan: Plan, sides: dict[str, Callable[[int], list[dict]]],
+              rounds: int) -> Rounds:
+    """Run every side once per round, reversing the order each round, and keep the result for
+    the plan so that a later section reuses runs it shares (sides already measured are not rerun)."""
+    known = ws.rounds.get(plan)
+    if known is not None and all(side in known.rates for side in sides):
+        return known
+    names = list(sides)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            rates[name].append(steady_rate(sides[name](r)))
+    ws.rounds[plan] = Rounds(rates)
+    return ws.rounds[plan]
+
+
 class Workspace:
     """Temporary data sets shared by the sections of one bench run."""
 
@@ -45,6 +91,7 @@ class Workspace:
         self._data: dict[tuple[int, int], Path] = {}
         self._runs = 0
         self.cache: dict[tuple, list[dict]] = {}
+        self.rounds: dict[Plan, Rounds] = {}
 
     def data(self, n_train: int, n_test: int) -> Path:
         key = (n_train, n_test)
@@ -96,12 +143,12 @@ def _trainer_cmd(ws: Workspace, plan: Plan, ranks: int, threads: int, extra: tup
 
 
 def run_trainer(ws: Workspace, plan: Plan, ranks: int, threads: int = 1,
-                extra: tuple[str, ...] = (), epochs: int | None = None) -> list[dict]:
+                extra: tuple[str, ...] = (), epochs: int | None = None, repeat: int = 0) -> list[dict]:
     """ddpk-launch with `ranks` local ranks, as a pod would start it; its epoch metrics.
 
     No checkpoint folder: epoch-end checkpoints fall outside the timed loop anyway, and
     leaving them out keeps disk writes from disturbing the next epoch."""
-    key = ("trainer", plan, ranks, threads, extra, epochs)
+    key = ("trainer", plan, ranks, threads, extra, epochs, repeat)
     if key in ws.cache:
         return ws.cache[key]
     out = ws.run_dir()
@@ -129,9 +176,9 @@ def run_trainer_side_by_side(ws: Workspace, plan: Plan, copies: int = 2) -> list
 
 
 def run_baseline(ws: Workspace, plan: Plan, ranks: int, workers: int, threads: int = 1,
-                 channels_last: bool = False) -> list[dict]:
+                 channels_last: bool = False, repeat: int = 0) -> list[dict]:
     """The tutorial loop under torchrun with `ranks` ranks; its epoch metrics."""
-    key = ("baseline", plan, ranks, workers, threads, channels_last)
+    key = ("baseline", plan, ranks, workers, threads, channels_last, repeat)
     if key in ws.cache:
         return ws.cache[key]
     out = ws.run_dir()
