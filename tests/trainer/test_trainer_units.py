@@ -73,33 +73,67 @@ def test_synthetic_is_fixed_and_balanced():
     assert set(train_a.labels.tolist()) == set(range(10)) and len(test_a) == 100
 
 
-def test_cifar_reader_reads_the_real_format(tmp_path):
-    folder = write_cifar(str(tmp_path), per_batch=12)
+STYLES = ["py2", "protocol2", "protocol4"]
+# py2 (the download's layout) and protocol4 keep the pixels as one raw string, read in place;
+# protocol2 from Python 3 turns bytes into _codecs.encode calls, which only a full unpickle reads.
+IN_PLACE = {"py2": True, "protocol2": False, "protocol4": True}  # protocol4: a string outside the frames
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_cifar_reader_reads_every_pickle_layout(tmp_path, style):
+    # 24 images make a 72 KiB pixel string: protocol 4 writes one over 64 KiB outside its frames.
+    folder = write_cifar(str(tmp_path), per_batch=24, style=style)
     for root in (str(tmp_path), folder):  # the folder itself or its parent
         tr, te = data.cifar10(root)
-        assert tr.images.shape == (60, 3, 32, 32) and tr.images.dtype == torch.uint8
-        assert te.images.shape == (12, 3, 32, 32) and tr.labels.dtype == torch.int64
+        assert tr.images.shape == (120, 3, 32, 32) and tr.images.dtype == torch.uint8
+        assert te.images.shape == (24, 3, 32, 32) and tr.labels.dtype == torch.int64
+    assert (data._read_cifar_batch(os.path.join(folder, "test_batch")).pixels_at is not None) == IN_PLACE[style]
 
 
-def test_cifar_reader_keeps_pixel_layout(tmp_path):
-    folder = write_cifar(str(tmp_path), per_batch=3)
+@pytest.mark.parametrize("style", STYLES)
+def test_cifar_reader_keeps_pixels_labels_and_order(tmp_path, style):
+    folder = write_cifar(str(tmp_path), per_batch=3, style=style)
     import pickle
 
-    with open(os.path.join(folder, "test_batch"), "rb") as f:
-        raw = pickle.load(f, encoding="bytes")
-    _, te = data.cifar10(str(tmp_path))
+    raws = []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(folder, name), "rb") as f:
+            raws.append(pickle.load(f, encoding="bytes"))
+    tr, te = data.cifar10(str(tmp_path))
     # CIFAR rows are 1024 red, then 1024 green, then 1024 blue values, each row-major 32x32.
-    assert te.images[1, 2, 5, 7].item() == raw[b"data"][1, 2048 + 5 * 32 + 7]
-    assert te.labels.tolist() == raw[b"labels"]
+    assert te.images[1, 2, 5, 7].item() == raws[-1][b"data"][1, 2048 + 5 * 32 + 7]
+    assert torch.equal(tr.images.reshape(15, 3072), torch.from_numpy(__import__("numpy").concatenate(
+        [r[b"data"] for r in raws[:5]])))
+    assert tr.labels.tolist() == sum((r[b"labels"] for r in raws[:5]), [])
+    assert te.labels.tolist() == raws[-1][b"labels"]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "foreign-global"])
-def test_cifar_reader_rejects_a_damaged_batch(tmp_path, damage):
-    folder = write_cifar(str(tmp_path), per_batch=12)
+def test_cifar_reader_holds_no_batch_sized_copy(tmp_path):
+    # The download's layout is read straight into the set's tensor: Python and numpy allocate
+    # nothing near a batch's 2,000 x 3,072 bytes on the way (tracemalloc sees both, not torch).
+    import tracemalloc
+
+    write_cifar(str(tmp_path), per_batch=2000)
+    tracemalloc.start()
+    try:
+        tr, te = data.cifar10(str(tmp_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(tr) == 10000 and len(te) == 2000
+    assert peak < 2000 * 3072 / 4, f"a {peak / 1e6:.1f} MB transient while reading 6.1 MB batches"
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("damage", ["truncate", "truncate-in-pixels", "garbage", "empty", "foreign-global"])
+def test_cifar_reader_rejects_a_damaged_batch(tmp_path, damage, style):
+    folder = write_cifar(str(tmp_path), per_batch=12, style=style)
     path = os.path.join(folder, "data_batch_3")
     blob = open(path, "rb").read()
     if damage == "truncate":
         blob = blob[: len(blob) // 2]
+    elif damage == "truncate-in-pixels":
+        blob = blob[: len(blob) - 12 * 3072 // 2 - 200]
     elif damage == "garbage":
         blob = b"\x00not a pickle" * 10
     elif damage == "empty":
@@ -113,18 +147,19 @@ def test_cifar_reader_rejects_a_damaged_batch(tmp_path, damage):
         data.cifar10(str(tmp_path))
 
 
-def test_cifar_reader_rejects_any_damage_with_a_user_error(tmp_path):
+@pytest.mark.parametrize("style", STYLES)
+def test_cifar_reader_rejects_any_damage_with_a_user_error(tmp_path, style):
     # Random bytes, random cuts and random byte flips of a real batch make the unpickler raise
     # many different types (OverflowError, UnicodeDecodeError, MemoryError...); every one must
     # become the one-line UserError, never a traceback. Seeded, so a failure reproduces.
     import random
 
-    folder = write_cifar(str(tmp_path), per_batch=4)
+    folder = write_cifar(str(tmp_path), per_batch=4, style=style)
     good = open(os.path.join(folder, "test_batch"), "rb").read()
     path = os.path.join(str(tmp_path), "damaged_batch")
     rng = random.Random(20261129)
     kinds = set()
-    for i in range(600):
+    for i in range(450):
         if i % 3 == 0:
             blob = rng.randbytes(rng.randint(1, 4096))
         elif i % 3 == 1:
@@ -136,7 +171,8 @@ def test_cifar_reader_rejects_any_damage_with_a_user_error(tmp_path):
             blob = bytes(flipped)
         open(path, "wb").write(blob)
         try:
-            data._read_cifar_batch(path)
+            batch = data._read_cifar_batch(path)
+            data._stack_batches([batch])
         except UserError as err:
             assert "damaged_batch" in str(err)
             kinds.add(str(err).split(": ")[2] if str(err).count(": ") >= 2 else "")

@@ -7,6 +7,7 @@ import pickle
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,10 +50,19 @@ def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def write_cifar(root: str, per_batch: int = 40, seed: int = 0) -> str:
-    """CIFAR-10 in its real on-disk format: cifar-10-batches-py/{data_batch_1..5,test_batch} as pickled dicts."""
+def write_cifar(root: str, per_batch: int = 40, seed: int = 0, style: str = "py2") -> str:
+    """CIFAR-10 in its on-disk format: cifar-10-batches-py/{data_batch_1..5,test_batch} as pickled dicts.
+
+    ``py2`` writes the download's exact layout (Python 2 strings, pixels as one raw string);
+    ``protocol2`` and ``protocol4`` are what Python 3's pickle makes of the same dicts (bytes
+    through ``_codecs.encode``, and BINBYTES), which the reader must take too."""
+    if style == "py2":
+        from bench.cifar_files import write_cifar10
+
+        return str(write_cifar10(Path(root), 5 * per_batch, per_batch, seed))
     import numpy as np
 
+    protocol = {"protocol2": 2, "protocol4": 4}[style]
     rng = np.random.default_rng(seed)
     folder = os.path.join(root, "cifar-10-batches-py")
     os.makedirs(folder)
@@ -65,7 +75,7 @@ def write_cifar(root: str, per_batch: int = 40, seed: int = 0) -> str:
             b"filenames": [f"img_{i}.png".encode() for i in range(per_batch)],
         }
         with open(os.path.join(folder, name), "wb") as f:
-            pickle.dump(batch, f, protocol=2)
+            pickle.dump(batch, f, protocol=protocol)
     with open(os.path.join(folder, "batches.meta"), "wb") as f:
-        pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)]}, f, protocol=2)
+        pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)]}, f, protocol=protocol)
     return folder

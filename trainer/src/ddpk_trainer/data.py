@@ -19,6 +19,7 @@ import io
 import math
 import os
 import pickle
+import struct
 import tarfile
 import urllib.request
 from dataclasses import dataclass
@@ -124,7 +125,11 @@ def fake(train_size: int = 10000, test_size: int = 1000) -> tuple[DeviceImages, 
 
 
 class _CifarUnpickler(pickle.Unpickler):
-    # The batches are pickled numpy arrays; refuse any other global so a data file cannot run code.
+    """The batches are pickled numpy arrays; any other global is refused, so a data file cannot run code.
+
+    With ``headers_only``, numpy's ``_reconstruct`` builds an ``_ArrayHeader`` instead of an array:
+    for a batch whose pixel string was cut out, it keeps the shape, dtype and order to check."""
+
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
@@ -133,10 +138,26 @@ class _CifarUnpickler(pickle.Unpickler):
         ("_codecs", "encode"),
     }
 
+    def __init__(self, file: Any, headers_only: bool = False):
+        super().__init__(file, encoding="bytes")
+        self.headers_only = headers_only
+
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
+        if self.headers_only and name == "_reconstruct":
+            return _ArrayHeader
         return super().find_class(module, name)
+
+
+class _ArrayHeader:
+    """What a pickled ndarray says about itself: BUILD hands it (version, shape, dtype, fortran, bytes)."""
+
+    def __init__(self, *_args: Any):
+        self.state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
 
 
 def cifar_folder(data_dir: str) -> str | None:
@@ -147,44 +168,168 @@ def cifar_folder(data_dir: str) -> str | None:
     return None
 
 
-def _read_cifar_batch(path: str) -> tuple[Any, torch.Tensor]:
-    """The batch's images as the unpickled uint8 array, shaped (N, 3, 32, 32), and its labels."""
+_RAW_STRINGS = {"BINSTRING", "BINBYTES", "BINBYTES8", "BYTEARRAY8"}  # the payload is the bytes themselves
+_opcodes: dict[int, tuple[str, str, int, str]] = {}
+
+
+def _opcode_table() -> dict[int, tuple[str, str, int, str]]:
+    """opcode byte -> (name, how its argument is laid out, a size, a struct format), from pickletools."""
+    if not _opcodes:
+        import pickletools as pt
+
+        prefixes = {pt.TAKEN_FROM_ARGUMENT1: (1, "<B"), pt.TAKEN_FROM_ARGUMENT4: (4, "<i"),
+                    pt.TAKEN_FROM_ARGUMENT4U: (4, "<I"), pt.TAKEN_FROM_ARGUMENT8U: (8, "<Q")}
+        for code, op in pt.code2op.items():
+            arg = op.arg
+            if arg is None:
+                entry = (op.name, "none", 0, "")
+            elif arg.n >= 0:
+                entry = (op.name, "fixed", arg.n, "")
+            elif arg.n == pt.UP_TO_NEWLINE:  # GLOBAL and INST take two lines (module, name)
+                entry = (op.name, "lines", 2 if arg.name == "stringnl_noescape_pair" else 1, "")
+            else:
+                entry = (op.name, "prefixed", *prefixes[arg.n])
+            _opcodes[ord(code)] = entry
+    return _opcodes
+
+
+def _largest_raw_string(buf: Any) -> tuple[int, int, int] | None:
+    """Walk the pickle in ``buf`` opcode by opcode, stepping over string payloads without reading
+    them: (offset of the length prefix, its width, payload length) of the largest raw byte string,
+    or None when there is none or it sits inside a protocol-4 frame."""
+    ops = _opcode_table()
+    pos, end, best, frames = 0, len(buf), None, []
+    while True:
+        if pos >= end:
+            raise EOFError("pickle data was truncated")
+        entry = ops.get(buf[pos])
+        if entry is None:
+            raise pickle.UnpicklingError(f"invalid opcode {buf[pos]:#04x} at byte {pos}")
+        name, kind, size, fmt = entry
+        pos += 1
+        if name == "STOP":
+            break
+        if kind == "fixed":
+            if name == "FRAME" and pos + 8 <= end:
+                frames.append((pos + 8, pos + 8 + int.from_bytes(buf[pos:pos + 8], "little")))
+            pos += size
+        elif kind == "prefixed":
+            if pos + size > end:
+                raise EOFError("pickle data was truncated")
+            (n,) = struct.unpack_from(fmt, buf, pos)
+            if n < 0:
+                raise pickle.UnpicklingError(f"negative length at byte {pos}")
+            if name in _RAW_STRINGS and (best is None or n > best[2]):
+                best = (pos, size, n)
+            pos += size + n
+        elif kind == "lines":
+            for _ in range(size):
+                newline = buf.find(b"\n", pos)
+                if newline < 0:
+                    raise EOFError("pickle data was truncated")
+                pos = newline + 1
+    if best is None or any(lo <= best[0] < hi for lo, hi in frames):
+        return None
+    return best
+
+
+@dataclass
+class _Batch:
+    """One checked batch file: its labels, and where its pixels are (N rows of 3072 bytes each)."""
+
+    path: str
+    labels: torch.Tensor
+    pixels_at: int | None  # byte offset of the raw pixel string in the file, read straight into place
+    array: Any = None  # else the unpickled (N, 3072) uint8 array
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+
+def _scan_batch(path: str) -> _Batch:
+    """Check a batch and find its pixels without reading them.
+
+    The real files (Python 2 pickles) hold the pixels as one raw string. The pickle is walked,
+    that string's location kept, and the rest unpickled with numpy's array constructor replaced
+    by a header check; the pixels are later read once, straight into the set's tensor. A batch in
+    any other layout (bytes pickled by Python 3 at protocol 2, say) is unpickled whole."""
+    import mmap
+
     import numpy as np
 
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        found = _largest_raw_string(buf)
+        skeleton = None if found is None else buf[:found[0]] + bytes(found[1]) + buf[sum(found):]
+    if skeleton is not None:
+        batch = _CifarUnpickler(io.BytesIO(skeleton), headers_only=True).load()
+        header = batch[b"data"]
+        state = header.state if isinstance(header, _ArrayHeader) else None
+        if (isinstance(state, tuple) and len(state) == 5 and state[4] == b"" and not state[3]
+                and np.dtype(state[2]) == np.uint8 and tuple(state[1]) == (found[2] // 3072, 3072)
+                and found[2] % 3072 == 0):
+            return _Batch(path, _labels(batch[b"labels"], found[2] // 3072), found[0] + found[1])
+    with open(path, "rb") as f:
+        batch = _CifarUnpickler(f).load()
+    data = np.asarray(batch[b"data"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        raise ValueError(f"expected uint8 data of shape (N, 3072), got {data.dtype} {data.shape}")
+    return _Batch(path, _labels(batch[b"labels"], data.shape[0]), None, data)
+
+
+def _labels(labels: Any, n: int) -> torch.Tensor:
+    out = torch.tensor(list(labels), dtype=torch.int64)
+    if out.numel() != n:
+        raise ValueError(f"{out.numel()} labels for {n} images")
+    if out.numel() and (out.min() < 0 or out.max() > 9):
+        raise ValueError("labels outside 0..9")
+    return out
+
+
+def _read_cifar_batch(path: str) -> _Batch:
+    """A batch checked and located; any damage is a one-line --data-dir error."""
     try:
-        with open(path, "rb") as f:
-            batch = _CifarUnpickler(f, encoding="bytes").load()
-        data, labels = batch[b"data"], batch[b"labels"]
-        data = np.asarray(data)
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or len(labels) != data.shape[0]:
-            raise ValueError(f"expected uint8 data of shape (N, 3072) and N labels, got {data.dtype} {data.shape}")
-        labels_t = torch.tensor(list(labels), dtype=torch.int64)
-        if labels_t.numel() and (labels_t.min() < 0 or labels_t.max() > 9):
-            raise ValueError("labels outside 0..9")
+        return _scan_batch(path)
     except FileNotFoundError:
         raise UserError(f"--data-dir: missing CIFAR-10 batch {path}") from None
     except OSError as err:
         raise UserError(f"--data-dir: cannot read CIFAR-10 batch {path}: {err}") from None
     except Exception as err:  # damaged pickle bytes raise almost any type: Overflow, Memory, Unicode, Recursion...
         raise UserError(f"--data-dir: corrupt or truncated CIFAR-10 batch {path}: {type(err).__name__}: {err}") from None
-    return data.reshape(-1, 3, 32, 32), labels_t
 
 
-def _stack_images(arrays: list[Any]) -> torch.Tensor:
-    """One uint8 tensor from the batches' arrays, freeing each as soon as it is copied in.
+def _stack_batches(batches: list[_Batch]) -> torch.Tensor:
+    """One uint8 tensor [N, 3, 32, 32] holding every batch's images, in order.
 
-    The destination's pages become resident only as they are filled, so the set is held
-    about once at the peak, not twice as with a concatenation of copies.
-    """
+    Raw pixel strings are read from the file straight into their rows; an unpickled array is
+    copied in and freed at once. Nothing the size of a batch is allocated besides the tensor,
+    whose pages become resident only as they are filled: the set is held once at the peak."""
     import numpy as np
 
-    out = torch.empty((sum(len(a) for a in arrays), 3, 32, 32), dtype=torch.uint8)
-    dest, offset = out.numpy(), 0
-    while arrays:
-        part = arrays.pop(0)
-        np.copyto(dest[offset:offset + len(part)], part)
-        offset += len(part)
+    out = torch.empty((sum(len(b) for b in batches), 3, 32, 32), dtype=torch.uint8)
+    rows, offset = out.numpy().reshape(len(out), 3072), 0
+    while batches:
+        batch = batches.pop(0)  # this list holds the last reference to an unpickled array
+        dest = rows[offset:offset + len(batch)]
+        if batch.pixels_at is None:
+            np.copyto(dest, batch.array)
+        else:
+            _read_into(batch.path, batch.pixels_at, memoryview(dest).cast("B"))
+        offset += len(batch)
     return out
+
+
+def _read_into(path: str, at: int, dest: memoryview) -> None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(at)
+            done = 0
+            while done < len(dest):
+                got = f.readinto(dest[done:])
+                if not got:
+                    raise UserError(f"--data-dir: CIFAR-10 batch {path} ended inside its pixels (changed while read?)")
+                done += got
+    except OSError as err:
+        raise UserError(f"--data-dir: cannot read CIFAR-10 batch {path}: {err}") from None
 
 
 def download_cifar(data_dir: str) -> None:
@@ -213,13 +358,11 @@ def cifar10(data_dir: str) -> tuple[DeviceImages, DeviceImages]:
     folder = cifar_folder(data_dir)
     if folder is None:
         raise UserError(f"--data-dir: no CIFAR-10 batches ({CIFAR_FOLDER}/test_batch) under {data_dir}; add --download to fetch")
-    batches = [_read_cifar_batch(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6)]
-    labels = torch.cat([b[1] for b in batches])
-    images = [b[0] for b in batches]
-    del batches  # _stack_images must hold the last reference to each array to free it
-    train = DeviceImages(_stack_images(images), labels)
-    test_images, test_labels = _read_cifar_batch(os.path.join(folder, "test_batch"))
-    return train, DeviceImages(_stack_images([test_images]), test_labels)
+    train = [_read_cifar_batch(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6)]
+    test = [_read_cifar_batch(os.path.join(folder, "test_batch"))]
+    train_labels, test_labels = torch.cat([b.labels for b in train]), test[0].labels
+    return (DeviceImages(_stack_batches(train), train_labels),
+            DeviceImages(_stack_batches(test), test_labels))
 
 
 # ----------------------------------------------------------------------------- imagefolder
