@@ -127,6 +127,31 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in f.read().split()]
 
 
+def test_worker_ranks_start_before_the_master_and_their_timeout_starts_with_it():
+    # A worker node's ranks start once the master's name resolves and get ready (torch, data,
+    # model) while the launcher waits for the port; they hold at the gate until it opens. The
+    # master here comes up 20 s later, four times the collective --timeout: had a rank begun its
+    # rendezvous at once, it would have given up waiting for the store before the master came.
+    port = free_port()
+    env0, env1 = _node_envs("indexed-job", port)
+    train = [*TRAIN, "--timeout", "5"]
+    node1 = start([script("ddpk-launch"), "--rdzv-timeout", "120", "--", *train], env1)
+    node0 = None
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(node1.pid):
+            assert time.monotonic() < deadline and node1.poll() is None, "the worker's rank never started"
+            time.sleep(0.05)
+        time.sleep(20)
+        assert node1.poll() is None and _children(node1.pid), "the worker gave up before its master came"
+        node0 = start([script("ddpk-launch"), "--", *train], env0)
+        codes, outs = _finish([node0, node1])
+    finally:
+        _kill_nodes(*[n for n in (node0, node1) if n is not None])
+    assert codes == [0, 0], outs
+    assert SUMMARY.search(outs[0]), outs[0]
+
+
 def _two_nodes_past_first_checkpoint(tmp_path, extra: list[str]):
     """Two emulated nodes training, returned once a checkpoint shows training is under way."""
     port = free_port()

@@ -9,6 +9,14 @@ a gang: the first rank to fail takes the others down and its exit code becomes
 the launcher's (2, "bad input", stays 2 so the job is not retried).
 
 The launcher never imports torch, so a failed wait costs no import time.
+
+On a node other than the master's, the ranks start as soon as the master's name
+resolves: they import torch, read the data and build the model while the
+launcher waits for the master's port, and each then waits at a gate (a pipe
+named by DDPK_RDZV_FD) until the launcher has seen the port open. Both nodes'
+start-ups overlap, and the trainer's collective timeout still starts only once
+the master is there; a port that never opens fails the launcher within
+--rdzv-timeout as before.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from .errors import EXIT_FAILED, EXIT_USER_ERROR, UserError
 GRACE_S = 10.0  # time ranks get to exit after SIGTERM before SIGKILL
 POLL_S = 0.05
 MAX_BACKOFF_S = 2.0
+GATE_BACKOFF_S = 0.25
+GATE_ENV = "DDPK_RDZV_FD"  # the read end of the launcher's gate pipe, in the ranks of a non-master node
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
@@ -114,6 +124,7 @@ def threads_per_rank(cores: int, local_ranks: int, gpus: int, requested: int | N
 def rank_env(base: Mapping[str, str], topo: envmod.Topology, local_rank: int, threads: int | None) -> dict[str, str]:
     nproc = topo.nproc_per_node or 1
     env = dict(base)
+    env.pop(GATE_ENV, None)  # only this launcher's own gate, never one inherited from outside
     env.update(
         RANK=str(topo.node_rank * nproc + local_rank),
         LOCAL_RANK=str(local_rank),
@@ -154,7 +165,7 @@ def _connect_within(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def wait_for_master(host: str, port: int, timeout: float, need_port: bool) -> None:
+def wait_for_master(host: str, port: int, timeout: float, need_port: bool, max_backoff: float = MAX_BACKOFF_S) -> None:
     """Bounded exponential backoff: first the name (the pod DNS race), then the port on other nodes."""
     deadline = time.monotonic() + timeout
     delay = 0.1
@@ -162,14 +173,14 @@ def wait_for_master(host: str, port: int, timeout: float, need_port: bool) -> No
     for stage, probe in stages:
         while True:
             remaining = deadline - time.monotonic()
-            if remaining > 0 and probe(host, port, min(remaining, MAX_BACKOFF_S)):
+            if remaining > 0 and probe(host, port, min(remaining, max_backoff)):
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 what = "did not resolve" if stage == "resolve" else f"accepted no connection on port {port}"
                 raise TimeoutError(f"ddpk-launch: master host {host!r} {what} within {timeout:g}s (--rdzv-timeout)")
             time.sleep(min(delay, remaining))
-            delay = min(delay * 2, MAX_BACKOFF_S)
+            delay = min(delay * 2, max_backoff)
 
 
 def free_port() -> int:
@@ -190,12 +201,44 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def wait_at_gate(environ: Mapping[str, str]) -> None:
+    """In a rank: block until the launcher has seen the master's port open (no-op without a gate)."""
+    fd = environ.get(GATE_ENV)
+    if not fd:
+        return
+    try:
+        opened = os.read(int(fd), 1)
+    finally:
+        os.close(int(fd))
+    if not opened:
+        raise RuntimeError("ddpk-launch closed the rendezvous gate without opening it")
+
+
+class PortWatch:
+    """Waits for the master's port in a thread, so the ranks can start meanwhile."""
+
+    def __init__(self, host: str, port: int, timeout: float):
+        self.error: TimeoutError | None = None
+        self.done = threading.Event()
+
+        def watch() -> None:
+            try:
+                # Ready ranks wait on this, so look often: a refused connect costs next to nothing.
+                wait_for_master(host, port, timeout, need_port=True, max_backoff=GATE_BACKOFF_S)
+            except TimeoutError as err:
+                self.error = err
+            self.done.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+
+
 class Gang:
     """The local ranks, each in its own process group, started and stopped together."""
 
-    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]]):
+    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]], gate: int | None = None):
+        fds = () if gate is None else (gate,)
         self.procs = [
-            subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent, pass_fds=fds)
             for cmd, env in zip(commands, envs, strict=True)
         ]
 
@@ -216,12 +259,26 @@ class Gang:
         for proc in self.procs:
             proc.wait()
 
-    def supervise(self, interrupted: list[int]) -> int:
-        """Wait for all ranks. The first failure (or a forwarded signal) stops the rest."""
+    def supervise(self, interrupted: list[int], watch: PortWatch | None = None, gate: int | None = None) -> int:
+        """Wait for all ranks. The first failure (or a forwarded signal) stops the rest.
+
+        With a port ``watch``, its success opens the ``gate`` (one byte per rank) and its
+        timeout stops the ranks and fails the launcher."""
         while True:
             if interrupted:
                 self.stop()
                 return 128 + interrupted[0]
+            if watch is not None and watch.done.is_set():
+                if watch.error is not None:
+                    print(str(watch.error), file=sys.stderr, flush=True)
+                    self.stop()
+                    return EXIT_FAILED
+                try:
+                    os.write(gate, b"1" * len(self.procs))
+                except BrokenPipeError:
+                    pass  # every rank has exited already: the checks below report how
+                os.close(gate)
+                watch = None
             codes = [p.poll() for p in self.procs]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
@@ -251,8 +308,14 @@ def launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if topo.master_port == 0:
         topo = envmod.Topology(topo.source, topo.node_rank, topo.nnodes, topo.nproc_per_node, topo.master_addr, free_port())
     print(f"ddpk-launch: {topo.describe()}", flush=True)
+    watch, read_end, write_end = None, None, None
     if topo.nnodes > 1:
-        wait_for_master(topo.master_addr, topo.master_port, args.rdzv_timeout, need_port=topo.node_rank != 0)
+        started = time.monotonic()
+        wait_for_master(topo.master_addr, topo.master_port, args.rdzv_timeout, need_port=False)
+        if topo.node_rank != 0:
+            left = args.rdzv_timeout - (time.monotonic() - started)
+            read_end, write_end = os.pipe()  # neither end is inherited unless passed
+            watch = PortWatch(topo.master_addr, topo.master_port, max(left, 0.05))
 
     nproc = topo.nproc_per_node or 1
     threads = threads_per_rank(cpu_count(), nproc, gpus, args.num_threads, environ.get("OMP_NUM_THREADS"))
@@ -267,8 +330,12 @@ def launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    gang = Gang([command] * nproc, [rank_env(environ, topo, i, threads) for i in range(nproc)])
-    return gang.supervise(interrupted)
+    gate_env = {} if read_end is None else {GATE_ENV: str(read_end)}
+    envs = [{**rank_env(environ, topo, i, threads), **gate_env} for i in range(nproc)]
+    gang = Gang([command] * nproc, envs, gate=read_end)
+    if read_end is not None:
+        os.close(read_end)  # the ranks hold it now; the gate reads as closed once they all exit
+    return gang.supervise(interrupted, watch, write_end)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

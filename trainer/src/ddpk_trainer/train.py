@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import checkpoint, config, data, distributed, models, sync_bn
+from . import checkpoint, config, data, distributed, launch, models, sync_bn
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, UserError
 
 LOG_EVERY_S = 5.0
@@ -97,6 +97,7 @@ def run(argv: Sequence[str], environ) -> int:
             raise UserError(f"--resume: {err}") from None
 
     rdzv_t0 = time.time()
+    launch.wait_at_gate(environ)  # on a non-master node: until the launcher has seen the master's port
     distributed.init(place, args.timeout)  # returns once every rank has joined: the rendezvous
     rendezvous_s = time.time() - rdzv_t0
     random.seed(args.seed + rank)
