@@ -32,7 +32,7 @@ def run(ws: Workspace, quick: bool) -> Section:
     for model, plan in plans(quick).items():
         # One rank reads the same files, so its epoch is twice the steps at the same per-rank batch.
         # The throughput section measures both sides in its rounds; run alone, this one does.
-        got = alternate(ws, plan, {
+        got = alternate({
             "trainer": lambda r: run_trainer(ws, plan, 2, repeat=r),
             "trainer-1": lambda r: run_trainer(ws, plan, 1, repeat=r),
         }, 1 if quick else ROUNDS)

@@ -13,7 +13,7 @@ TARGETS = {"convnet": 2.0, "resnet18": 1.0}
 def rounds(ws: Workspace, plan, workers: int, quick: bool) -> Rounds:
     """The tutorial loop and the trainer at 2 ranks, plus the trainer at 1 rank that the scaling
     section compares with, all in the same alternating rounds."""
-    return alternate(ws, plan, {
+    return alternate({
         "baseline": lambda r: run_baseline(ws, plan, RANKS, workers, repeat=r),
         "trainer": lambda r: run_trainer(ws, plan, RANKS, repeat=r),
         "trainer-1": lambda r: run_trainer(ws, plan, 1, repeat=r),

@@ -66,20 +66,17 @@ class Rounds:
         return f"median of {n} alternating rounds, {low:.2f}–{high:.2f}×" if n > 1 else "1 round"
 
 
-def alternate(ws: "Workspace", plan: Plan, sides: dict[str, Callable[[int], list[dict]]],
-              rounds: int) -> Rounds:
-    """Run every side once per round, reversing the order each round, and keep the result for
-    the plan so that a later section reuses runs it shares (sides already measured are not rerun)."""
-    known = ws.rounds.get(plan)
-    if known is not None and all(side in known.rates for side in sides):
-        return known
+def alternate(sides: dict[str, Callable[[int], list[dict]]], rounds: int) -> Rounds:
+    """Run every side once per round (the round is its ``repeat``), reversing the order each round.
+
+    The runs are cached by repeat, so a later section asking for a side another one measured
+    in the same rounds gets those runs back instead of new ones."""
     names = list(sides)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             rates[name].append(steady_rate(sides[name](r)))
-    ws.rounds[plan] = Rounds(rates)
-    return ws.rounds[plan]
+    return Rounds(rates)
 
 
 class Workspace:
@@ -91,7 +88,6 @@ class Workspace:
         self._data: dict[tuple[int, int], Path] = {}
         self._runs = 0
         self.cache: dict[tuple, list[dict]] = {}
-        self.rounds: dict[Plan, Rounds] = {}
 
     def data(self, n_train: int, n_test: int) -> Path:
         key = (n_train, n_test)

@@ -165,22 +165,26 @@ def _connect_within(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def wait_for_master(host: str, port: int, timeout: float, need_port: bool, max_backoff: float = MAX_BACKOFF_S) -> None:
-    """Bounded exponential backoff: first the name (the pod DNS race), then the port on other nodes."""
-    deadline = time.monotonic() + timeout
+_PROBES = {"resolve": (_resolve_within, "did not resolve"), "connect": (_connect_within, "accepted no connection on port")}
+
+
+def wait_for_master(host: str, port: int, timeout: float, stage: str, deadline: float,
+                    max_backoff: float = MAX_BACKOFF_S) -> None:
+    """Bounded exponential backoff until the master's name resolves ("resolve", the pod DNS race)
+    or its port accepts a connection ("connect"), by the monotonic ``deadline``; ``timeout`` is
+    the --rdzv-timeout that set it, for the message."""
+    probe, failure = _PROBES[stage]
     delay = 0.1
-    stages = [("resolve", _resolve_within)] + ([("connect", _connect_within)] if need_port else [])
-    for stage, probe in stages:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining > 0 and probe(host, port, min(remaining, max_backoff)):
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                what = "did not resolve" if stage == "resolve" else f"accepted no connection on port {port}"
-                raise TimeoutError(f"ddpk-launch: master host {host!r} {what} within {timeout:g}s (--rdzv-timeout)")
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, max_backoff)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining > 0 and probe(host, port, min(remaining, max_backoff)):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            what = failure + (f" {port}" if stage == "connect" else "")
+            raise TimeoutError(f"ddpk-launch: master host {host!r} {what} within {timeout:g}s (--rdzv-timeout)")
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, max_backoff)
 
 
 def free_port() -> int:
@@ -217,14 +221,14 @@ def wait_at_gate(environ: Mapping[str, str]) -> None:
 class PortWatch:
     """Waits for the master's port in a thread, so the ranks can start meanwhile."""
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, deadline: float):
         self.error: TimeoutError | None = None
         self.done = threading.Event()
 
         def watch() -> None:
             try:
                 # Ready ranks wait on this, so look often: a refused connect costs next to nothing.
-                wait_for_master(host, port, timeout, need_port=True, max_backoff=GATE_BACKOFF_S)
+                wait_for_master(host, port, timeout, "connect", deadline, max_backoff=GATE_BACKOFF_S)
             except TimeoutError as err:
                 self.error = err
             self.done.set()
@@ -310,12 +314,11 @@ def launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     print(f"ddpk-launch: {topo.describe()}", flush=True)
     watch, read_end, write_end = None, None, None
     if topo.nnodes > 1:
-        started = time.monotonic()
-        wait_for_master(topo.master_addr, topo.master_port, args.rdzv_timeout, need_port=False)
+        deadline = time.monotonic() + args.rdzv_timeout
+        wait_for_master(topo.master_addr, topo.master_port, args.rdzv_timeout, "resolve", deadline)
         if topo.node_rank != 0:
-            left = args.rdzv_timeout - (time.monotonic() - started)
             read_end, write_end = os.pipe()  # neither end is inherited unless passed
-            watch = PortWatch(topo.master_addr, topo.master_port, max(left, 0.05))
+            watch = PortWatch(topo.master_addr, topo.master_port, args.rdzv_timeout, deadline)
 
     nproc = topo.nproc_per_node or 1
     threads = threads_per_rank(cpu_count(), nproc, gpus, args.num_threads, environ.get("OMP_NUM_THREADS"))
