@@ -280,6 +280,7 @@ GLOO_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read e
      True, True),
     (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation"), True, True),
     (RuntimeError("NCCL communicator was aborted on rank 1."), True, True),
+    (RuntimeError("Application timeout caused pair closure"), True, True),  # gloo, from DDP's buffer broadcast
     (RuntimeError(GLOO_RESET), False, False),
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x10 and 12x10)"), True, False),
     (ValueError("Connection reset by peer"), True, False),

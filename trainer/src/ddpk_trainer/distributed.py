@@ -82,10 +82,13 @@ def init(p: Place, timeout_s: float) -> None:
 
 
 # How gloo, NCCL and c10d sign a failure: gloo prefixes its source path, NCCL and the process
-# groups name themselves, and a vanished peer reads as a closed or reset connection or a timeout.
+# groups name themselves, and a vanished peer reads as a closed or reset connection or a timeout
+# (gloo says "Timed out waiting", or, when its timeout closes the pair mid-broadcast, "Application
+# timeout caused pair closure" with no source path).
 _PEER_FAILURE = re.compile(
     r"/gloo/|\bGloo\b|\bNCCL\b|ProcessGroup(Gloo|NCCL)|\[c10d\]"
     r"|Connection (closed|reset) by peer|Timed out waiting \d+ ?ms for (send|recv)"
+    r"|timeout caused pair closure"
 )
 
 
